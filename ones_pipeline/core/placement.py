@@ -1,0 +1,81 @@
+"""Choosing concrete GPUs: consolidated placement (fewest nodes) shared by every policy."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ones_pipeline.core.types import Cluster, Schedule
+
+
+def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
+    """(num_gpus,) bool: True where the slot is free."""
+    mask = np.ones(cluster.num_gpus, dtype=bool)
+    mask[list(taken)] = False
+    return mask
+
+
+def taken_slots(schedule: Schedule, exclude: Iterable[str] = ()) -> list[int]:
+    skip = set(exclude)
+    return [g for name, a in schedule.allocations.items() if name not in skip for g in a.gpus]
+
+
+def place_consolidated(cluster: Cluster, free: np.ndarray, n: int, prefer: Sequence[int] = ()) -> list[int] | None:
+    """Pick ``n`` free slots on as few nodes as possible; None if fewer than ``n`` are free.
+
+    Slots in ``prefer`` (e.g. the GPUs a job already holds) are taken first when they are free, so a
+    job that grows keeps its old GPUs. A job that fits in one node goes to the free-est-fitting node
+    with the fewest free slots (best fit), keeping large holes for large jobs.
+    """
+    if n <= 0:
+        return []
+    if int(free.sum()) < n:
+        return None
+    node_of = cluster.node_of
+    chosen: list[int] = [g for g in prefer if free[g]][:n]
+    avail = free.copy()
+    avail[chosen] = False
+    need = n - len(chosen)
+    if need == 0:
+        return sorted(chosen)
+    free_per_node = np.bincount(node_of[avail], minlength=cluster.num_nodes)
+    # Prefer nodes where the job already has GPUs.
+    own_nodes = set(int(node_of[g]) for g in chosen)
+    for node in sorted(own_nodes, key=lambda k: -free_per_node[k]):
+        slots = np.flatnonzero(avail & (node_of == node))[:need]
+        chosen.extend(int(s) for s in slots)
+        avail[slots] = False
+        need -= len(slots)
+        if need == 0:
+            return sorted(chosen)
+    free_per_node = np.bincount(node_of[avail], minlength=cluster.num_nodes)
+    fitting = np.flatnonzero(free_per_node >= need)
+    if fitting.size:
+        node = int(fitting[np.argmin(free_per_node[fitting])])
+        chosen.extend(int(s) for s in np.flatnonzero(avail & (node_of == node))[:need])
+        return sorted(chosen)
+    for node in np.argsort(-free_per_node, kind="stable"):
+        slots = np.flatnonzero(avail & (node_of == node))[:need]
+        chosen.extend(int(s) for s in slots)
+        need -= len(slots)
+        if need == 0:
+            return sorted(chosen)
+    return None
+
+
+def keep_or_place(cluster: Cluster, free: np.ndarray, n: int, current: Sequence[int]) -> list[int] | None:
+    """Keep the current GPUs when the count is unchanged and they are free, else place afresh."""
+    if len(current) == n and all(free[g] for g in current):
+        return sorted(current)
+    return place_consolidated(cluster, free, n, prefer=current)
+
+
+def schedule_changes(old: Schedule, new: Schedule) -> Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Jobs whose GPUs or batch differ: name -> (old gpus, new gpus)."""
+    out = {}
+    for name in set(old.allocations) | set(new.allocations):
+        a, b = old.allocations.get(name), new.allocations.get(name)
+        if a is None or b is None or a.gpus != b.gpus or a.global_batch != b.global_batch:
+            out[name] = (a.gpus if a else (), b.gpus if b else ())
+    return out

@@ -1,0 +1,60 @@
+"""The policy interface shared by the simulator and the live sensor, and the policy registry."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from ones_pipeline.core.types import Cluster, JobView, Schedule
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduling policy. It may keep state between calls; ``to_dict``/``from_dict`` persist it.
+
+    ``decide`` gets every active (submitted, unfinished) job and the schedule now in force and returns
+    the schedule to apply. It must never double-book a GPU nor exceed a job's ``gpu_cap``.
+    """
+
+    name: str
+
+    def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: Mapping[str, Any]) -> None: ...
+
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str) -> Callable:
+    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    _load_builtins()
+    return list(_REGISTRY)
+
+
+def make_policy(name: str, seed: int = 0, **params: Any) -> Policy:
+    """Build a policy by name (``ones``, ``ones-paper``, ``fifo``, ``tiresias``, ``optimus``, ``pollux``)."""
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](seed=seed, **params)
+
+
+def policy_from_dict(state: Mapping[str, Any]) -> Policy:
+    """Rebuild a policy saved with ``to_dict`` (which stores ``name``, ``seed``, ``params``, ``state``)."""
+    policy = make_policy(state["name"], seed=int(state.get("seed", 0)), **dict(state.get("params", {})))
+    policy.load_state(state.get("state", {}))
+    return policy
+
+
+def _load_builtins() -> None:
+    # Importing the modules registers their policies.
+    from ones_pipeline.core import baselines, ones  # noqa: F401

@@ -1,0 +1,130 @@
+"""Throughput model: step time of data-parallel training, fitted online from observed steps.
+
+Step time of one optimizer step with ``n`` GPUs on ``k`` nodes, per-GPU batch ``b`` and ``a``
+gradient-accumulation micro-steps (``a = 0`` when ``b`` fits in memory)::
+
+    compute(b) = c0 + c1 * b                                   # forward + backward of one micro-batch
+    sync(n, k) = [n > 1] * (s0 + s1 * (n - 1))                 # all-reduce inside a node (ring)
+               + [k > 1] * (x0 + x1 * (k - 1))                 # extra cost of crossing nodes
+    step       = (a + 1) * compute(b) + sync(n, k)
+    throughput = n * b * (a + 1) / step                        # samples per second
+
+The six parameters ``(c0, c1, s0, s1, x0, x1)`` are non-negative. They are fitted by ridge-regularised
+least squares towards a prior, so one observation at 1 GPU already gives a usable (pessimistic-for-
+scale-out) model and more placements sharpen it. The model never returns a non-positive step time.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ones_pipeline.core.types import ThroughputObs
+
+N_PARAMS = 6
+MIN_STEP_S = 1e-6
+# With no observation at all: a generic small-model prior (seconds).
+DEFAULT_PARAMS = np.array([0.01, 1e-3, 0.005, 0.002, 0.02, 0.01])
+# Relative priors for sync terms once compute is known: fractions of one compute step.
+_SYNC_PRIOR_FRACTIONS = np.array([0.05, 0.02, 0.2, 0.1])
+
+
+def features(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+    """(..., 6) design matrix rows for the step-time equation."""
+    n = np.asarray(num_gpus, dtype=float)
+    k = np.asarray(num_nodes, dtype=float)
+    b = np.asarray(per_gpu_batch, dtype=float)
+    a1 = np.asarray(accum_steps, dtype=float) + 1.0
+    multi = (n > 1).astype(float)
+    cross = (k > 1).astype(float)
+    n, k, b, a1, multi, cross = np.broadcast_arrays(n, k, b, a1, multi, cross)
+    return np.stack([a1, a1 * b, multi, multi * (n - 1), cross, cross * (k - 1)], axis=-1)
+
+
+def step_time(params: np.ndarray, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+    """Seconds per optimizer step. ``params`` (6,) or (..., 6) broadcast against the other arguments."""
+    f = features(num_gpus, num_nodes, per_gpu_batch, accum_steps)
+    return np.maximum(np.sum(f * np.asarray(params, dtype=float), axis=-1), MIN_STEP_S)
+
+
+def throughput(params: np.ndarray, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+    """Samples per second (> 0)."""
+    n = np.asarray(num_gpus, dtype=float)
+    b = np.asarray(per_gpu_batch, dtype=float)
+    a1 = np.asarray(accum_steps, dtype=float) + 1.0
+    return n * b * a1 / step_time(params, num_gpus, num_nodes, per_gpu_batch, accum_steps)
+
+
+def prior_params(observations: Sequence[ThroughputObs] = ()) -> np.ndarray:
+    """Prior parameters: generic, or scaled from the observed compute time when there is one."""
+    if not observations:
+        return DEFAULT_PARAMS.copy()
+    compute = np.array([o.step_time_s - o.sync_time_s for o in observations], dtype=float)
+    batch = np.array([o.per_gpu_batch for o in observations], dtype=float)
+    per_sample = max(float(np.median(np.maximum(compute, MIN_STEP_S) / batch)), 1e-9)
+    c0 = 0.1 * per_sample * float(np.median(batch))
+    c1 = 0.9 * per_sample
+    step = c0 + c1 * float(np.median(batch))
+    return np.concatenate([[c0, c1], _SYNC_PRIOR_FRACTIONS * step])
+
+
+def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None = None,
+               ridge: float = 0.05) -> np.ndarray:
+    """Fit (6,) parameters to observed step times; ridge-regularised towards ``prior``.
+
+    The sync terms are fitted from observed sync times when reported (``sync_time_s > 0``), the
+    compute terms from ``step_time - sync_time``; both are least squares in relative error, so a
+    fast small job and a slow large one weigh alike.
+    """
+    if prior is None:
+        prior = prior_params(observations)
+    if not observations:
+        return np.asarray(prior, dtype=float).copy()
+    n = np.array([o.num_gpus for o in observations], dtype=float)
+    k = np.array([o.num_nodes for o in observations], dtype=float)
+    b = np.array([o.per_gpu_batch for o in observations], dtype=float)
+    step = np.array([o.step_time_s for o in observations], dtype=float)
+    sync = np.array([o.sync_time_s for o in observations], dtype=float)
+    f = features(n, k, b)
+    has_sync = sync > 0
+    params = np.asarray(prior, dtype=float).copy()
+    # Compute part (cols 0-1): target is compute time when sync is known, else the whole step.
+    target_c = np.where(has_sync, step - sync, step - f[:, 2:] @ params[2:])
+    params[:2] = _ridge_nonneg(f[:, :2], target_c, params[:2], ridge)
+    # Sync part (cols 2-5): fitted only where a sync time or multi-GPU step was seen.
+    target_s = np.where(has_sync, sync, step - f[:, :2] @ params[:2])
+    informative = (n > 1)
+    if informative.any():
+        params[2:] = _ridge_nonneg(f[informative, 2:], target_s[informative], params[2:], ridge)
+    return params
+
+
+def _ridge_nonneg(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
+    """argmin sum(((x@p - y)/y)^2) + ridge * sum(((p - prior)/scale)^2), p >= 0 (by clipping + refit)."""
+    scale = np.maximum(np.abs(y), MIN_STEP_S)
+    xw = x / scale[:, None]
+    yw = y / scale
+    p_scale = np.maximum(np.abs(prior), 1e-9)
+    active = np.ones(x.shape[1], dtype=bool)
+    p = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        xa = xw[:, active] * p_scale[active]
+        lhs = xa.T @ xa + ridge * np.eye(int(active.sum()))
+        rhs = xa.T @ yw + ridge * (prior[active] / p_scale[active])
+        z = np.linalg.solve(lhs, rhs)
+        p = np.zeros(x.shape[1])
+        p[active] = z * p_scale[active]
+        if (p >= 0).all():
+            return p
+        active &= p > 0
+        if not active.any():
+            break
+    return np.maximum(p, 0.0)
+
+
+def fit_from_view(observations: Sequence[ThroughputObs], fallback: np.ndarray | None = None) -> np.ndarray:
+    """Parameters for a job: fitted from its own observations, else ``fallback`` (e.g. same model's fit)."""
+    if observations:
+        return fit_params(observations)
+    return (np.asarray(fallback, dtype=float).copy() if fallback is not None else DEFAULT_PARAMS.copy())

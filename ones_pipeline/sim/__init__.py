@@ -1,0 +1,1 @@
+"""Trace-driven simulator: replays job traces under any policy with measured ground truth."""
