@@ -1,0 +1,287 @@
+"""Event-driven simulator: replays a workload under a policy with measured ground truth.
+
+One scheduling round every ``interval_s`` (policies see the cluster only at round boundaries, as in
+the Pollux authors' simulator). Between rounds each running job advances at its true goodput; a job
+whose allocation changed makes no progress for its ``restart_cost_s`` (checkpoint + restart), but
+holds its GPUs meanwhile. A job that finishes inside a round frees its GPUs at the next round.
+
+The simulator is policy-agnostic: it only calls ``policy.decide`` and validates what comes back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ones_pipeline.core.policy import Policy
+from ones_pipeline.core.types import (
+    Allocation,
+    Cluster,
+    JobStatus,
+    JobView,
+    Schedule,
+    ThroughputObs,
+)
+from ones_pipeline.sim.truth import SimJob
+
+# A workload that has not finished after this much simulated time is reported as a policy failure.
+DEFAULT_MAX_TIME_S = 60 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    interval_s: float = 60.0
+    restart_cost_s: float | None = None  # None: each job type's own (truth.restart_cost_s)
+    max_time_s: float = DEFAULT_MAX_TIME_S
+
+    def __post_init__(self) -> None:
+        if not self.interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.restart_cost_s is not None and self.restart_cost_s < 0:
+            raise ValueError(f"restart_cost_s must be >= 0, got {self.restart_cost_s}")
+
+
+@dataclass
+class JobRecord:
+    """Outcome of one job."""
+
+    name: str
+    model: str
+    submit_s: float
+    first_start_s: float | None = None
+    finish_s: float | None = None
+    restarts: int = 0  # allocation changes after the first start (preemptions, resizes, moves)
+    gpu_s: float = 0.0  # GPU-seconds held
+    run_s: float = 0.0  # wall seconds holding GPUs
+    samples: float = 0.0
+    requested_gpus: int = 0
+    max_gpus: int = 0
+
+    @property
+    def jct_s(self) -> float:
+        return (self.finish_s if self.finish_s is not None else math.nan) - self.submit_s
+
+    @property
+    def wait_s(self) -> float:
+        return (self.first_start_s if self.first_start_s is not None else math.nan) - self.submit_s
+
+
+@dataclass
+class SimResult:
+    policy: str
+    cluster: Cluster
+    jobs: list[JobRecord]
+    # (time_s, job, num_gpus) every time a job's GPU count changes (0 = released).
+    timeline: list[tuple[float, str, int]]
+    makespan_s: float
+    busy_gpu_s: float
+    decide_s: list[float] = field(default_factory=list)  # wall time of each decide call
+
+    @property
+    def utilisation(self) -> float:
+        span = self.makespan_s - min(j.submit_s for j in self.jobs) if self.jobs else 0.0
+        return self.busy_gpu_s / (self.cluster.num_gpus * span) if span > 0 else 0.0
+
+
+class _Running:
+    __slots__ = ("spec", "truth", "status", "progress", "samples", "record", "alloc", "blocked_until",
+                 "obs", "loss_hist", "acc_hist", "next_epoch", "max_gpus_seen", "last_change_s",
+                 "epochs_at_change", "attained_gpu_s", "initial_loss")
+
+    def __init__(self, job: SimJob):
+        self.spec = job.spec
+        self.truth = job.truth
+        self.status = JobStatus.PENDING
+        self.progress = 0.0
+        self.samples = 0.0
+        self.record = JobRecord(job.spec.name, job.spec.model, job.spec.submit_time_s,
+                                requested_gpus=job.spec.requested_gpus)
+        self.alloc: Allocation | None = None
+        self.blocked_until = 0.0
+        self.obs: dict[tuple, ThroughputObs] = {}
+        self.loss_hist: list[tuple[float, float]] = []
+        self.acc_hist: list[tuple[float, float]] = []
+        self.next_epoch = 1
+        self.max_gpus_seen = 0
+        self.last_change_s: float | None = None
+        self.epochs_at_change = 0.0
+        self.attained_gpu_s = 0.0
+        self.initial_loss = float(job.truth.metrics(0.0)[0])
+
+    def view(self) -> JobView:
+        return JobView(
+            spec=self.spec, status=self.status, submit_time_s=self.spec.submit_time_s,
+            samples_done=self.samples, progress_samples=self.progress,
+            throughput_obs=tuple(self.obs.values()),
+            grad_noise_scale=float(self.truth.grad_noise_scale(self.progress)) if self.record.first_start_s is not None else None,
+            loss_history=tuple(self.loss_hist), accuracy_history=tuple(self.acc_hist),
+            initial_loss=self.initial_loss, restarts=self.record.restarts,
+            attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
+            last_change_s=self.last_change_s, epochs_at_last_change=self.epochs_at_change,
+            max_gpus_seen=self.max_gpus_seen,
+        )
+
+
+def _rate(job: _Running, cluster: Cluster) -> tuple[float, float, ThroughputObs]:
+    """(base-equivalent samples/s, raw samples/s, observation) of a running job now."""
+    alloc = job.alloc
+    n = alloc.num_gpus
+    local = math.ceil(alloc.global_batch / n)
+    accum = max(math.ceil(local / job.truth.max_local_batch) - 1, 0)
+    micro = math.ceil(local / (accum + 1))
+    placement = cluster.placement(alloc.gpus)
+    step, sync = job.truth.step_time(placement, micro)
+    total_step = step + accum * (step - sync)
+    batch = n * micro * (accum + 1)
+    raw = batch / total_step
+    eff = float(job.truth.efficiency(job.progress, batch))
+    obs = ThroughputObs(n, len(placement), micro, float(step), float(sync))
+    return raw * eff, raw, obs
+
+
+def simulate(
+    workload: Sequence[SimJob],
+    policy: Policy,
+    cluster: Cluster,
+    config: SimConfig = SimConfig(),
+    on_round: Callable[[float, int, int], None] | None = None,
+) -> SimResult:
+    """Run ``workload`` under ``policy`` until every job finishes.
+
+    ``on_round(now_s, finished, total)`` is called after each round (progress bars).
+    Raises RuntimeError if the policy returns an infeasible schedule or the workload does not
+    finish within ``config.max_time_s``.
+    """
+    import time as _time
+
+    if not workload:
+        raise ValueError("workload has no jobs")
+    names = [j.spec.name for j in workload]
+    if len(set(names)) != len(names):
+        raise ValueError("workload has duplicate job names")
+    jobs = sorted((_Running(j) for j in workload), key=lambda r: (r.spec.submit_time_s, r.spec.name))
+    specs = {r.spec.name: r.spec for r in jobs}
+    interval = config.interval_s
+    next_arrival = 0
+    active: list[_Running] = []
+    finished = 0
+    timeline: list[tuple[float, str, int]] = []
+    busy_gpu_s = 0.0
+    decide_s: list[float] = []
+    schedule = Schedule()
+    now = math.floor(jobs[0].spec.submit_time_s / interval) * interval
+
+    while finished < len(jobs):
+        if now > config.max_time_s:
+            left = [r.spec.name for r in active]
+            raise RuntimeError(
+                f"policy {policy.name}: {len(left)} jobs unfinished after {config.max_time_s:.0f} s "
+                f"simulated (e.g. {left[:5]})"
+            )
+        while next_arrival < len(jobs) and jobs[next_arrival].spec.submit_time_s <= now:
+            active.append(jobs[next_arrival])
+            next_arrival += 1
+        if not active:
+            now = math.floor(jobs[next_arrival].spec.submit_time_s / interval) * interval
+            if jobs[next_arrival].spec.submit_time_s > now:
+                now += interval
+            continue
+
+        # 1. decide
+        views = [r.view() for r in active]
+        t0 = _time.perf_counter()
+        new_schedule = policy.decide(now, cluster, views, schedule)
+        decide_s.append(_time.perf_counter() - t0)
+        active_names = {r.spec.name for r in active}
+        unknown = set(new_schedule.allocations) - active_names
+        if unknown:
+            raise RuntimeError(f"policy {policy.name} allocated GPUs to inactive jobs {sorted(unknown)[:5]}")
+        try:
+            new_schedule.validate(cluster, specs)
+        except ValueError as exc:
+            raise RuntimeError(f"policy {policy.name} returned an infeasible schedule at t={now}: {exc}") from exc
+
+        # 2. apply: changed allocations pay the restart cost
+        for r in active:
+            old, new = r.alloc, new_schedule.allocations.get(r.spec.name)
+            if old is not None and new is not None and old.gpus == new.gpus and old.global_batch == new.global_batch:
+                continue
+            if old is None and new is None:
+                continue
+            if new is not None:
+                if r.record.first_start_s is None:
+                    r.record.first_start_s = now
+                else:  # a resize, a move, or a resume after preemption
+                    r.record.restarts += 1
+                cost = config.restart_cost_s if config.restart_cost_s is not None else r.truth.restart_cost_s
+                r.blocked_until = now + cost
+                r.status = JobStatus.RUNNING
+                r.max_gpus_seen = max(r.max_gpus_seen, new.num_gpus)
+            else:
+                r.status = JobStatus.PAUSED
+            r.alloc = new
+            r.last_change_s = now
+            r.epochs_at_change = r.samples / r.spec.dataset_size
+            timeline.append((now, r.spec.name, new.num_gpus if new else 0))
+        schedule = new_schedule
+
+        # 3. advance every running job to the end of the round
+        end = now + interval
+        still: list[_Running] = []
+        done: list[str] = []
+        for r in active:
+            if r.alloc is None:
+                still.append(r)
+                continue
+            start = max(now, r.blocked_until)
+            held_until = end
+            if start < end:
+                rate, raw, obs = _rate(r, cluster)
+                r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
+                remaining = r.truth.total_progress - r.progress
+                dt = end - start
+                if rate * dt >= remaining:
+                    dt = remaining / rate
+                    held_until = start + dt
+                r.progress += rate * dt
+                r.samples += raw * dt
+                _record_epochs(r)
+            held = held_until - now
+            n = r.alloc.num_gpus
+            r.record.gpu_s += n * held
+            r.record.run_s += held
+            r.attained_gpu_s += n * held
+            busy_gpu_s += n * held
+            if r.progress >= r.truth.total_progress * (1 - 1e-12):
+                r.record.finish_s = held_until
+                r.record.samples = r.samples
+                r.record.max_gpus = r.max_gpus_seen
+                r.status = JobStatus.FINISHED
+                timeline.append((held_until, r.spec.name, 0))
+                finished += 1
+                done.append(r.spec.name)
+            else:
+                still.append(r)
+        active = still
+        if done:
+            schedule = Schedule({k: v for k, v in schedule.allocations.items() if k not in done})
+        now = end
+        if on_round is not None:
+            on_round(now, finished, len(jobs))
+
+    records = [r.record for r in jobs]
+    makespan = max(r.finish_s for r in records)
+    return SimResult(policy.name, cluster, records, timeline, makespan, busy_gpu_s, decide_s)
+
+
+def _record_epochs(r: _Running) -> None:
+    """Append (samples, loss/accuracy) for each epoch boundary crossed (the evaluation a job logs)."""
+    epochs = r.samples / r.spec.dataset_size
+    if epochs >= r.next_epoch:
+        loss, acc = r.truth.metrics(r.progress)
+        r.loss_hist.append((r.samples, float(loss)))
+        r.acc_hist.append((r.samples, float(acc)))
+        r.next_epoch = int(np.floor(epochs)) + 1

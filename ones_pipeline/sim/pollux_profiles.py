@@ -1,0 +1,364 @@
+"""Ground truth of the six Pollux (OSDI'21) models, from the profiles the Pollux authors measured.
+
+A profile folder ``traces/<model>/`` holds ``placements.csv`` (step times of specific GPU placements),
+``scalability.csv`` (step times of larger spreads) and one ``validation-<B>.csv`` per total batch B
+(per-epoch progress, validation metric and gradient statistics). See
+``shared/traces/pollux/README.md`` for the data and how the Pollux simulator uses it; this module is an
+independent numpy re-implementation of those rules.
+
+Units: ``progress`` arguments are base-equivalent samples (M0-steps x M0, M0 = ``base_batch``); the
+validation files count progress in M0-steps, the conversion is done here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from bisect import bisect_right
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ones_pipeline.sim.truth import TraceError
+
+POLLUX_MODELS = ("cifar10", "ncf", "deepspeech2", "bert", "yolov3", "imagenet")
+
+_PLACEMENT_COLS = ("placement", "local_bsz", "step_time", "sync_time")
+_SCALABILITY_COLS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
+_VALIDATION_COLS = ("progress", "iteration", "metric", "grad_sqr", "grad_var")
+_VALIDATION_RE = re.compile(r"^validation-(\d+)\.csv$")
+
+# Floors of extrapolated step/sync times, as a fraction of the smallest value measured on that curve.
+_EXTRAPOLATION_FLOOR = 0.25
+_MIN_TIME_S = 1e-6
+_LOSS_EPS = 0.01
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    if not path.is_file():
+        raise TraceError(path, "profile file not found")
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise TraceError(path, "empty file") from None
+    except Exception as exc:  # pandas parser errors
+        raise TraceError(path, f"cannot parse CSV: {exc}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise TraceError(path, f"missing columns {missing}; expected {list(columns)}", field=missing[0])
+    if df.empty:
+        raise TraceError(path, "no data rows")
+    df = df[list(columns)]
+    for col in columns:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
+        if bad.size:
+            raise TraceError(path, f"non-numeric or non-finite value {df[col].iloc[bad[0]]!r}",
+                             row=int(bad[0]) + 1, field=col)
+        df[col] = values
+    return df
+
+
+def _interp(x: float, xs: list[float], ys: list[float]) -> float:
+    """Piecewise-linear interpolation of one scalar on sorted ``xs``, clamped at both ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    x0, x1 = xs[i - 1], xs[i]
+    w = (x - x0) / (x1 - x0)
+    return ys[i - 1] + w * (ys[i] - ys[i - 1])
+
+
+def _bracket(x: float, xs: list) -> tuple[int, int, float]:
+    """Indices (lo, hi) and weight of ``hi`` for linear interpolation on sorted ``xs``; clamps outside."""
+    if x <= xs[0]:
+        return 0, 0, 0.0
+    if x >= xs[-1]:
+        n = len(xs) - 1
+        return n, n, 0.0
+    i = bisect_right(xs, x)
+    return i - 1, i, (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+class _BszCurve:
+    """(step_time, sync_time) against per-GPU batch: linear between measured points, linear
+    extrapolation beyond them (from the two end points), floored at a fraction of the smallest measured
+    value so that extrapolation never reaches zero or below."""
+
+    __slots__ = ("xs", "step", "sync", "floor_step", "floor_sync")
+
+    def __init__(self, xs, step, sync):
+        order = np.argsort(xs)
+        self.xs = [float(v) for v in np.asarray(xs, dtype=float)[order]]
+        self.step = [float(v) for v in np.asarray(step, dtype=float)[order]]
+        self.sync = [float(v) for v in np.asarray(sync, dtype=float)[order]]
+        self.floor_step = max(_MIN_TIME_S, _EXTRAPOLATION_FLOOR * min(self.step))
+        self.floor_sync = max(_MIN_TIME_S, _EXTRAPOLATION_FLOOR * min(self.sync))
+
+    def __call__(self, b: float) -> tuple[float, float]:
+        xs = self.xs
+        n = len(xs)
+        if n == 1:
+            return self.step[0], self.sync[0]
+        if b <= xs[0]:
+            i = 1
+        elif b >= xs[-1]:
+            i = n - 1
+        else:
+            i = bisect_right(xs, b)
+        x0, x1 = xs[i - 1], xs[i]
+        w = (b - x0) / (x1 - x0)
+        step = self.step[i - 1] + w * (self.step[i] - self.step[i - 1])
+        sync = self.sync[i - 1] + w * (self.sync[i] - self.sync[i - 1])
+        return max(step, self.floor_step), max(sync, self.floor_sync)
+
+
+def _placement_key(digits) -> tuple[int, ...]:
+    """Placement written as digits per node (``"1342"``) -> GPUs per node, largest first."""
+    return tuple(sorted((int(c) for c in str(int(digits))), reverse=True))
+
+
+class PolluxModelProfile:
+    """Measured behaviour of one Pollux model (implements ``JobTruth``).
+
+    * ``step_time``: exact placements from ``placements.csv`` (orderings of the same per-node GPU
+      counts, e.g. ``1342`` and ``1234``, are averaged: our placements are unordered), interpolated
+      linearly in ``local_batch``. Unmeasured placements (5+ nodes, or more than 4 GPUs on a node)
+      use the union of ``scalability.csv`` and the per-(nodes, replicas, bsz) mean of
+      ``placements.csv``: linear in local batch within each measured (nodes, replicas), then linear in
+      replicas between the nearest measured replica counts of the same node count (clamped to that node
+      count's measured range), then linear in nodes (clamped to 1..16).
+    * ``efficiency`` / ``grad_noise_scale``: README section 3 with the gradient statistics interpolated
+      along progress within a validation file and linearly in batch between the two nearest files.
+    * ``metrics``: see :meth:`metrics`.
+    """
+
+    def __init__(self, traces_dir: str | Path, model: str, restart_cost_s: float = 30.0):
+        self.model = str(model)
+        self.restart_cost_s = float(restart_cost_s)
+        if not self.restart_cost_s >= 0:
+            raise ValueError(f"restart_cost_s must be >= 0, got {restart_cost_s!r}")
+        folder = Path(traces_dir) / self.model
+        self.profile_dir = folder
+        if not folder.is_dir():
+            raise TraceError(folder, f"profile folder of model {self.model!r} not found")
+        self._load_validation(folder)
+        self._load_step_times(folder)
+        self._step_cache: dict[tuple, tuple[float, float]] = {}
+
+    # ------------------------------------------------------------------ loading
+    def _load_validation(self, folder: Path) -> None:
+        files = sorted(
+            ((int(m.group(1)), p) for p in folder.iterdir() if (m := _VALIDATION_RE.match(p.name))),
+        )
+        if not files:
+            raise TraceError(folder / "validation-<B>.csv", "no validation files")
+        self.validation_batches: tuple[int, ...] = tuple(b for b, _ in files)
+        self.base_batch = int(files[0][0])
+        self.max_batch = int(files[-1][0])
+        # Per batch: progress (M0-steps), grad_sqr, grad_var as Python lists (fast scalar lookups).
+        self._val_prog: list[list[float]] = []
+        self._val_sqr: list[list[float]] = []
+        self._val_var: list[list[float]] = []
+        metric_mins: list[float] = []
+        for batch, path in files:
+            df = _read_csv(path, _VALIDATION_COLS).sort_values("progress", kind="stable")
+            if (df["grad_sqr"] < 0).any() or (df["grad_var"] < 0).any():
+                raise TraceError(path, "negative gradient statistics", field="grad_sqr")
+            self._val_prog.append(df["progress"].tolist())
+            self._val_sqr.append(df["grad_sqr"].tolist())
+            self._val_var.append(df["grad_var"].tolist())
+            metric_mins.append(float(df["metric"].min()))
+            if batch == self.base_batch:
+                base = df
+        m0 = self.base_batch
+        self.epochs = int(len(base))
+        self.dataset_size = int(round(m0 * float(base["progress"].iloc[0])))
+        self.total_progress = float(m0 * float(base["progress"].iloc[-1]))
+        self._metric_prog = base["progress"].tolist()
+        acc, loss = self._normalise_metric(base["metric"].to_numpy(dtype=float), min(metric_mins))
+        self._acc = [float(v) for v in acc]
+        self._loss = [float(v) for v in loss]
+
+    def _normalise_metric(self, metric: np.ndarray, metric_min: float) -> tuple[np.ndarray, np.ndarray]:
+        if self.model == "bert":  # SQuAD F1 in percent
+            acc = metric / 100.0
+        elif self.model == "deepspeech2":  # word error rate in percent (lower is better)
+            acc = 1.0 - metric / 100.0
+        elif self.model == "yolov3":  # validation loss (lower is better, ~25 -> ~12)
+            acc = metric_min / np.maximum(metric, 1e-12)
+        else:  # cifar10 / imagenet top-1 accuracy, ncf hit rate: fractions already
+            acc = metric
+        acc = np.clip(acc, 0.0, 1.0)
+        loss = metric.copy() if self.model == "yolov3" else 1.0 - acc + _LOSS_EPS
+        return acc, loss
+
+    def _load_step_times(self, folder: Path) -> None:
+        pl = _read_csv(folder / "placements.csv", _PLACEMENT_COLS)
+        sc = _read_csv(folder / "scalability.csv", _SCALABILITY_COLS)
+        for path, df in ((folder / "placements.csv", pl), (folder / "scalability.csv", sc)):
+            bad = np.flatnonzero((df["step_time"] <= 0).to_numpy() | (df["sync_time"] < 0).to_numpy()
+                                 | (df["local_bsz"] < 1).to_numpy())
+            if bad.size:
+                raise TraceError(path, "step_time must be > 0, sync_time >= 0, local_bsz >= 1",
+                                 row=int(bad[0]) + 1, field="step_time")
+        pl = pl.copy()
+        pl["key"] = [_placement_key(p) for p in pl["placement"]]
+        self.max_local_batch = int(pl["local_bsz"].max())
+        # Exact placements: orderings of the same multiset averaged per local batch.
+        self._exact: dict[tuple[int, ...], _BszCurve] = {}
+        for key, g in pl.groupby("key", sort=False):
+            m = g.groupby("local_bsz")[["step_time", "sync_time"]].mean()
+            self._exact[key] = _BszCurve(m.index.to_numpy(), m["step_time"], m["sync_time"])
+        # Spread table: (nodes, replicas) -> curve over local batch.
+        pl["num_nodes"] = [len(k) for k in pl["key"]]
+        pl["num_replicas"] = [sum(k) for k in pl["key"]]
+        cols = ["num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"]
+        mean = pl.groupby(["num_nodes", "num_replicas", "local_bsz"], as_index=False)[["step_time", "sync_time"]].mean()
+        union = pd.concat([mean[cols], sc[cols]], ignore_index=True)
+        union = union.groupby(["num_nodes", "num_replicas", "local_bsz"], as_index=False).mean()
+        by_nodes: dict[int, dict[int, _BszCurve]] = {}
+        for (n, r), g in union.groupby(["num_nodes", "num_replicas"]):
+            by_nodes.setdefault(int(n), {})[int(r)] = _BszCurve(g["local_bsz"], g["step_time"], g["sync_time"])
+        self._spread_nodes = sorted(by_nodes)
+        self._spread = {n: (sorted(d), [d[r] for r in sorted(d)]) for n, d in by_nodes.items()}
+
+    # ------------------------------------------------------------------ JobTruth
+    def step_time(self, placement: tuple[int, ...], local_batch: int) -> tuple[float, float]:
+        """(step_time_s, sync_time_s) of one optimizer step with ``local_batch`` samples per GPU."""
+        cache_key = (tuple(placement), local_batch)
+        hit = self._step_cache.get(cache_key)
+        if hit is not None:
+            return hit
+        key = tuple(sorted((int(g) for g in placement if g), reverse=True))
+        if not key:
+            raise ValueError(f"{self.model}: empty placement {placement!r}")
+        b = float(local_batch)
+        if not b > 0:
+            raise ValueError(f"{self.model}: local_batch must be > 0, got {local_batch!r}")
+        curve = self._exact.get(key)
+        if curve is not None:
+            step, sync = curve(b)
+        else:
+            step, sync = self._spread_time(len(key), sum(key), b)
+        step = max(step, _MIN_TIME_S)
+        sync = min(max(sync, _MIN_TIME_S), step)
+        out = (step, sync)
+        self._step_cache[cache_key] = out
+        return out
+
+    def _spread_time(self, nodes: int, replicas: int, b: float) -> tuple[float, float]:
+        ns = self._spread_nodes
+        lo, hi, w = _bracket(nodes, ns)
+        s0, y0 = self._at_nodes(ns[lo], replicas, b)
+        if hi == lo or w == 0.0:
+            return s0, y0
+        s1, y1 = self._at_nodes(ns[hi], replicas, b)
+        return s0 + w * (s1 - s0), y0 + w * (y1 - y0)
+
+    def _at_nodes(self, nodes: int, replicas: int, b: float) -> tuple[float, float]:
+        rs, curves = self._spread[nodes]
+        lo, hi, w = _bracket(replicas, rs)
+        s0, y0 = curves[lo](b)
+        if hi == lo or w == 0.0:
+            return s0, y0
+        s1, y1 = curves[hi](b)
+        return s0 + w * (s1 - s0), y0 + w * (y1 - y0)
+
+    def _grad_stats(self, progress: float, global_batch: float) -> tuple[float, float]:
+        """(grad_sqr, grad_var) at ``progress`` base-equivalent samples and total batch ``global_batch``."""
+        steps = progress / self.base_batch
+        lo, hi, w = _bracket(global_batch, self.validation_batches)
+        sqr = _interp(steps, self._val_prog[lo], self._val_sqr[lo])
+        var = _interp(steps, self._val_prog[lo], self._val_var[lo])
+        if hi != lo and w != 0.0:
+            sqr1 = _interp(steps, self._val_prog[hi], self._val_sqr[hi])
+            var1 = _interp(steps, self._val_prog[hi], self._val_var[hi])
+            sqr += w * (sqr1 - sqr)
+            var += w * (var1 - var)
+        return sqr, var
+
+    def efficiency(self, progress: float, global_batch: float) -> float:
+        """gain / s with s = M / M0 and gain = (var + sqr) / (var / s + sqr) (README section 3)."""
+        if not global_batch > 0:
+            raise ValueError(f"{self.model}: global_batch must be > 0, got {global_batch!r}")
+        sqr, var = self._grad_stats(progress, global_batch)
+        s = global_batch / self.base_batch
+        denom = var / s + sqr
+        if denom <= 0:  # both statistics zero: no information, treat as perfectly scalable
+            return 1.0
+        return (var + sqr) / denom / s
+
+    def grad_noise_scale(self, progress: float) -> float:
+        """Pre-conditioned gradient noise scale grad_var / grad_sqr x M0 (samples), from the M0 file."""
+        steps = progress / self.base_batch
+        sqr = _interp(steps, self._val_prog[0], self._val_sqr[0])
+        var = _interp(steps, self._val_prog[0], self._val_var[0])
+        return max(var, 1e-12) / max(sqr, 1e-300) * self.base_batch
+
+    def metrics(self, progress: float) -> tuple[float, float]:
+        """(loss, accuracy) after ``progress`` base-equivalent samples, from the M0 validation file.
+
+        The metric is interpolated linearly in progress between epochs (held at the first epoch's value
+        before it and the last after). Accuracy in [0, 1]: cifar10/imagenet top-1 and ncf hit rate are
+        fractions already; bert F1 / 100; deepspeech2 1 - WER / 100; yolov3's metric is a validation
+        loss (~25 -> ~12), accuracy = (smallest loss over all its validation files) / loss, so it ends
+        near 1. Loss: yolov3 its real validation loss; the others 1 - accuracy + 0.01.
+        """
+        steps = progress / self.base_batch
+        return (_interp(steps, self._metric_prog, self._loss), _interp(steps, self._metric_prog, self._acc))
+
+    # ------------------------------------------------------------------ helpers
+    def is_measured(self, placement: tuple[int, ...]) -> bool:
+        """Whether ``placement`` (any order) was measured exactly in ``placements.csv``."""
+        return tuple(sorted((int(g) for g in placement if g), reverse=True)) in self._exact
+
+    def __repr__(self) -> str:
+        return (f"PolluxModelProfile({self.model!r}, M0={self.base_batch}, epochs={self.epochs}, "
+                f"total_progress={self.total_progress:.4g})")
+
+
+@functools.lru_cache(maxsize=None)
+def _load_cached(traces_dir: str, model: str, restart_cost_s: float) -> PolluxModelProfile:
+    return PolluxModelProfile(traces_dir, model, restart_cost_s)
+
+
+def load_pollux_profile(traces_dir: str | Path, model: str, restart_cost_s: float = 30.0) -> PolluxModelProfile:
+    """The profile of ``model`` under ``traces_dir`` (``.../pollux/traces``), cached per arguments.
+
+    The cached object is shared: its step-time cache is the only state and it is a pure memo.
+    """
+    return _load_cached(str(traces_dir), str(model), float(restart_cost_s))
+
+
+def consolidated_placement(num_gpus: int, gpus_per_node: int = 4) -> tuple[int, ...]:
+    """Fewest-nodes placement of ``num_gpus`` GPUs, largest first, e.g. 6 -> (4, 2)."""
+    if num_gpus < 1:
+        raise ValueError(f"num_gpus must be >= 1, got {num_gpus}")
+    full, rest = divmod(int(num_gpus), int(gpus_per_node))
+    return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
+def ideal_run_time_s(profile: PolluxModelProfile, num_gpus: int, global_batch: int,
+                     gpus_per_node: int = 4, steps: int = 50) -> float:
+    """Seconds to finish on ``num_gpus`` consolidated GPUs at a fixed ``global_batch`` with no waiting
+    and no restarts, integrating 1 / goodput over progress with the midpoint rule in ``steps`` pieces.
+
+    Gradient accumulation as in the Pollux simulator when the per-GPU batch exceeds
+    ``max_local_batch``: a step is ``accum + 1`` micro-batches and costs
+    ``step_time + accum * (step_time - sync_time)``.
+    """
+    placement = consolidated_placement(num_gpus, gpus_per_node)
+    local = math.ceil(global_batch / num_gpus)
+    accum = max(0, math.ceil(local / profile.max_local_batch) - 1)
+    local = math.ceil(global_batch / (num_gpus * (accum + 1)))
+    step, sync = profile.step_time(placement, local)
+    step_s = step + accum * (step - sync)
+    throughput = global_batch / step_s  # samples / s
+    total = profile.total_progress
+    dp = total / steps
+    return float(sum(dp / (throughput * profile.efficiency((i + 0.5) * dp, global_batch)) for i in range(steps)))

@@ -1,0 +1,152 @@
+"""Run one workload under several policies (in parallel processes), with progress reporting."""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
+from ones_pipeline.sim.truth import SimJob, TraceError
+
+POLLUX_COLUMNS = {"name", "time", "application", "num_replicas", "batch_size"}
+ONES_COLUMNS = {"time", "model", "task", "epoch_size", "patience", "batch_size", "lr", "max_lr", "target_acc",
+                "num_gpus"}
+ALL_POLICIES = ("ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux")
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Where a workload comes from and the cluster it runs on by default."""
+
+    path: Path
+    kind: str  # "pollux" or "ones"
+    max_jobs: int | None = None
+    restart_cost_s: float = 30.0
+
+    def load(self) -> list[SimJob]:
+        if self.kind == "pollux":
+            from ones_pipeline.sim.workloads import load_pollux_workload
+
+            return load_pollux_workload(self.path, restart_cost_s=self.restart_cost_s, max_jobs=self.max_jobs)
+        from ones_pipeline.sim.ones_trace import load_ones_trace
+
+        return load_ones_trace(self.path, max_jobs=self.max_jobs, restart_cost_s=self.restart_cost_s)
+
+    def default_cluster(self) -> tuple[int, int]:
+        """(GPUs, GPUs per node): 16 nodes x 4 for Pollux workloads, 64 GPUs x 4 per node for ONES."""
+        return 64, 4
+
+
+def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restart_cost_s: float = 30.0) -> WorkloadSpec:
+    """Recognise a workload file by its header (Pollux workload or ONES trace)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(path, "file not found" if not path.exists() else "not a regular file")
+    with path.open(newline="") as fh:
+        header = next(csv.reader(fh), None)
+    if not header:
+        raise TraceError(path, "empty file: expected a CSV header")
+    cols = {h.strip() for h in header}
+    if cols == POLLUX_COLUMNS:
+        return WorkloadSpec(path, "pollux", max_jobs, restart_cost_s)
+    if cols == ONES_COLUMNS:
+        return WorkloadSpec(path, "ones", max_jobs, restart_cost_s)
+    pollux_miss, ones_miss = POLLUX_COLUMNS - cols, ONES_COLUMNS - cols
+    kind, missing, allowed = (("Pollux workload", pollux_miss, POLLUX_COLUMNS) if len(pollux_miss) <= len(ones_miss)
+                              else ("ONES trace", ones_miss, ONES_COLUMNS))
+    unknown = cols - allowed
+    raise TraceError(
+        path,
+        f"header is neither a Pollux workload ({','.join(sorted(POLLUX_COLUMNS))}) nor an ONES trace "
+        f"({','.join(sorted(ONES_COLUMNS))}); closest is a {kind}: missing {sorted(missing)}, "
+        f"unknown {sorted(unknown)}",
+        row=0,
+    )
+
+
+def run_one(workload: WorkloadSpec, policy: str, cluster: Cluster, config: SimConfig, seed: int,
+            policy_params: Mapping | None = None, progress: Callable[[str, int, int], None] | None = None,
+            jobs: Sequence[SimJob] | None = None) -> SimResult:
+    jobs = list(jobs) if jobs is not None else workload.load()
+    pol = make_policy(policy, seed=seed, **dict(policy_params or {}))
+    cb = (lambda now, done, total: progress(policy, done, total)) if progress else None
+    return simulate(jobs, pol, cluster, config, on_round=cb)
+
+
+def _worker(args) -> tuple[str, SimResult]:
+    workload, policy, cluster, config, seed, params, queue = args
+    last = [0.0]
+
+    def report(name: str, done: int, total: int) -> None:
+        t = time.monotonic()
+        if queue is not None and (t - last[0] > 0.5 or done == total):
+            last[0] = t
+            queue.put((name, done, total))
+
+    return policy, run_one(workload, policy, cluster, config, seed, params, report)
+
+
+class _Progress:
+    """One status line on stderr: jobs finished per policy."""
+
+    def __init__(self, policies: Sequence[str], total: int, stream=sys.stderr, enabled: bool = True):
+        self.state = {p: 0 for p in policies}
+        self.total, self.stream, self.enabled = total, stream, enabled and stream.isatty()
+        self.started = time.monotonic()
+
+    def update(self, policy: str, done: int, total: int) -> None:
+        self.state[policy] = done
+        self.total = total
+        if self.enabled:
+            parts = " ".join(f"{p} {d}/{self.total}" for p, d in self.state.items())
+            self.stream.write(f"\r[{time.monotonic() - self.started:6.0f}s] jobs done: {parts}\x1b[K")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_policies(workload: WorkloadSpec, policies: Sequence[str], cluster: Cluster, config: SimConfig,
+                 seed: int = 0, params: Mapping[str, Mapping] | None = None, processes: int | None = None,
+                 show_progress: bool = True) -> dict[str, SimResult]:
+    """Simulate ``workload`` under each policy; results in the order of ``policies``."""
+    params = params or {}
+    jobs = workload.load()  # validate the trace once, up front, before forking
+    processes = processes or min(len(policies), os.cpu_count() or 1)
+    bar = _Progress(policies, len(jobs), enabled=show_progress)
+    results: dict[str, SimResult] = {}
+    try:
+        if processes <= 1 or len(policies) == 1:
+            for p in policies:
+                results[p] = run_one(workload, p, cluster, config, seed, params.get(p), bar.update, jobs)
+        else:
+            import multiprocessing as mp
+
+            ctx = mp.get_context("spawn")
+            with ctx.Manager() as manager:
+                queue = manager.Queue()
+                with ProcessPoolExecutor(max_workers=processes, mp_context=ctx) as pool:
+                    futures = [pool.submit(_worker, (workload, p, cluster, config, seed, params.get(p), queue))
+                               for p in policies]
+                    pending = set(futures)
+                    while pending:
+                        while not queue.empty():
+                            bar.update(*queue.get())
+                        pending = {f for f in pending if not f.done()}
+                        time.sleep(0.2)
+                    for f in futures:
+                        name, res = f.result()
+                        results[name] = res
+    finally:
+        bar.close()
+    return {p: results[p] for p in policies}
