@@ -101,11 +101,14 @@ def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None =
 
 
 def _ridge_nonneg(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
-    """argmin sum(((x@p - y)/y)^2) + ridge * sum(((p - prior)/scale)^2), p >= 0 (by clipping + refit)."""
+    """argmin sum(((x@p - y)/y)^2) + ridge * sum(((p - prior)/p_scale)^2), p >= 0 (active set)."""
     scale = np.maximum(np.abs(y), MIN_STEP_S)
     xw = x / scale[:, None]
     yw = y / scale
-    p_scale = np.maximum(np.abs(prior), 1e-9)
+    # Each parameter is penalised in units of the size the data would give it alone, so a prior that
+    # is far off (e.g. sync 10x the default guess) yields to a few observations.
+    data_scale = float(np.median(scale)) / np.maximum(np.mean(np.abs(x), axis=0), 1e-12)
+    p_scale = np.maximum(np.maximum(np.abs(prior), data_scale), 1e-9)
     active = np.ones(x.shape[1], dtype=bool)
     p = np.zeros(x.shape[1])
     for _ in range(x.shape[1]):

@@ -1,0 +1,12 @@
+"""Baseline policies: ``fifo``, ``tiresias``, ``optimus`` and ``pollux``; importing registers them.
+
+Written from the papers' descriptions, configured as the Pollux authors' simulator configures them
+(see ``shared/traces/pollux/README.md``). Shared helpers live in ``fifo.py``.
+"""
+
+from ones_pipeline.core.baselines.fifo import FifoPolicy
+from ones_pipeline.core.baselines.optimus import OptimusPolicy
+from ones_pipeline.core.baselines.pollux import PolluxPolicy
+from ones_pipeline.core.baselines.tiresias import TiresiasPolicy
+
+__all__ = ["FifoPolicy", "OptimusPolicy", "PolluxPolicy", "TiresiasPolicy"]
