@@ -7,9 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ones_pipeline.core.policy import make_policy, policy_from_dict, policy_names
-from ones_pipeline.core.types import (
-    Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, StopKind, StoppingRule, ThroughputObs,
-)
+from ones_pipeline.sim.synthetic import random_scheduler_state as random_state
 
 POLICIES = ["ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux"]
 
@@ -18,43 +16,6 @@ def test_registry_lists_every_policy():
     assert set(POLICIES) <= set(policy_names())
     with pytest.raises(ValueError, match="allowed"):
         make_policy("nope")
-
-
-def random_state(rng: np.random.Generator, num_jobs: int, nodes: int, gpn: int):
-    cluster = Cluster.uniform(nodes, gpn)
-    jobs, allocs = [], {}
-    free = list(rng.permutation(cluster.num_gpus))
-    for i in range(num_jobs):
-        requested = int(rng.choice([1, 2, 4, 8, 16]))
-        stop = (StoppingRule(StopKind.EPOCHS, epochs=float(rng.integers(1, 20))) if rng.random() < 0.7 else
-                StoppingRule(StopKind.ACCURACY, target_accuracy=0.8, patience=3))
-        spec = JobSpec(name=f"job-{i}", model=str(rng.choice(["cifar10", "bert", "ncf"])),
-                       dataset_size=int(rng.integers(100, 50_000)), per_gpu_batch=int(rng.choice([8, 32, 128])),
-                       base_lr=0.1, max_lr=float(rng.choice([0.1, 0.4, 1.6])), requested_gpus=requested,
-                       max_per_gpu_batch=int(rng.choice([16, 128, 512])), stopping=stop,
-                       submit_time_s=float(rng.integers(0, 1000)))
-        done = float(rng.random()) * spec.dataset_size * 5
-        obs = ()
-        if rng.random() < 0.6:
-            step = float(rng.uniform(0.01, 1.0))
-            obs = tuple(ThroughputObs(n, max(1, n // gpn), spec.per_gpu_batch, step * (1 + 0.1 * n),
-                                      0.1 * n * step if n > 1 else 0.0)
-                        for n in sorted({1, int(rng.integers(1, 9))}))
-        hist = tuple((done * k / 4, 1.0 - 0.1 * k) for k in range(1, 4)) if done > 0 else ()
-        acc = tuple((done * k / 4, 0.2 * k) for k in range(1, 4)) if done > 0 else ()
-        running = rng.random() < 0.5 and free
-        status = JobStatus.RUNNING if running else (JobStatus.PAUSED if obs else JobStatus.PENDING)
-        if running:
-            n = min(len(free), requested, spec.gpu_cap)
-            gpus = tuple(int(free.pop()) for _ in range(n))
-            allocs[spec.name] = Allocation.for_spec(spec, gpus)
-        jobs.append(JobView(spec=spec, status=status, submit_time_s=spec.submit_time_s, samples_done=done,
-                            progress_samples=done, throughput_obs=obs, grad_noise_scale=float(rng.uniform(10, 5000)),
-                            loss_history=hist, accuracy_history=acc, initial_loss=1.2,
-                            attained_gpu_s=float(rng.uniform(0, 1e5)), run_time_s=float(rng.uniform(0, 1e4)),
-                            last_change_s=float(rng.uniform(0, 1000)) if running else None,
-                            max_gpus_seen=int(rng.integers(0, 9)), restarts=int(rng.integers(0, 3))))
-    return cluster, jobs, Schedule(allocs)
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -6,6 +6,7 @@ Conversions from ``JobView`` objects to arrays happen here, once per decision.
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from ones_pipeline.core.types import JobView
 
 def fitted_params(jobs: Sequence[JobView]) -> np.ndarray:
     """(J, 6) throughput parameters: each job's own fit, else the mean fit of jobs of the same model."""
-    own = [tp.fit_params(j.throughput_obs) if j.throughput_obs else None for j in jobs]
+    own = [_fit_cached(tuple(j.throughput_obs)) if j.throughput_obs else None for j in jobs]
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
     for j, p in zip(jobs, own):
         if p is not None:
@@ -32,6 +33,14 @@ def fitted_params(jobs: Sequence[JobView]) -> np.ndarray:
         else:
             out[i] = tp.DEFAULT_PARAMS
     return out
+
+
+@lru_cache(maxsize=16384)
+def _fit_cached(observations: tuple) -> np.ndarray:
+    """A job's observations change only when it runs somewhere new: refit only then."""
+    params = tp.fit_params(observations)
+    params.setflags(write=False)
+    return params
 
 
 def remaining_work(jobs: Sequence[JobView]) -> np.ndarray:

@@ -124,7 +124,7 @@ class OnesPolicy:
 
     name = "ones"
 
-    def __init__(self, seed: int = 0, population: int = 24, generations: int = 40,
+    def __init__(self, seed: int = 0, population: int = 24, generations: int = 30,
                  time_budget_s: float | None = None, crossover_p: float = 0.5, removal_p: float = 0.1,
                  resize_p: float = 0.2, restart_cost_s: float = 30.0, immune_epochs: float = 0.0,
                  use_efficiency: bool = True, gpu_time_weight: float = 0.0, horizon_s: float = 1800.0):

@@ -1,0 +1,79 @@
+"""Time of one ``decide`` per policy at three scales (median of repeats) and the peak memory of ``ones``.
+
+Targets (issue 2): ``ones`` under 50 ms at 64 GPUs / 50 jobs, under 2 s at 4096 GPUs / 3000 jobs, and
+under 1 GiB of memory. States are random but seeded (``ones_pipeline.sim.synthetic``): about half the
+jobs running, most with throughput observations. Each policy decides once from scratch, then again
+from its own schedule (the steady state of a live sensor); both are timed.
+
+    python benchmarks/decision_latency.py [--repeats 3] [--policies ones,pollux]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import tracemalloc
+
+import numpy as np
+
+from ones_pipeline.core.policy import make_policy
+from ones_pipeline.sim.runner import ALL_POLICIES
+from ones_pipeline.sim.synthetic import random_scheduler_state
+
+SCALES = [(64, 50, 4), (512, 400, 8), (4096, 3000, 8)]  # (GPUs, jobs, GPUs per node)
+
+
+def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int) -> tuple[float, float]:
+    """(median seconds of a first decision, median seconds of a follow-up decision)."""
+    firsts, seconds = [], []
+    for rep in range(repeats):
+        rng = np.random.default_rng(100 + rep)
+        cluster, views, current = random_scheduler_state(rng, jobs, gpus // gpn, gpn)
+        policy = make_policy(name, seed=rep)
+        t0 = time.perf_counter()
+        schedule = policy.decide(1000.0, cluster, views, current)
+        t1 = time.perf_counter()
+        policy.decide(1060.0, cluster, views, schedule)
+        t2 = time.perf_counter()
+        firsts.append(t1 - t0)
+        seconds.append(t2 - t1)
+    return statistics.median(firsts), statistics.median(seconds)
+
+
+def peak_memory_mib(name: str, gpus: int, jobs: int, gpn: int) -> float:
+    rng = np.random.default_rng(100)
+    cluster, views, current = random_scheduler_state(rng, jobs, gpus // gpn, gpn)
+    policy = make_policy(name, seed=0)
+    tracemalloc.start()
+    policy.decide(1000.0, cluster, views, current)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--policies", default=",".join(ALL_POLICIES))
+    args = parser.parse_args()
+    policies = [p for p in args.policies.split(",") if p]
+    print(f"decide() latency, median of {args.repeats} (first decision / follow-up decision), milliseconds")
+    header = f"{'policy':<11}" + "".join(f"{f'{g} GPUs/{j} jobs':>26}" for g, j, _ in SCALES)
+    print(header)
+    print("-" * len(header))
+    for name in policies:
+        cells = []
+        for gpus, jobs, gpn in SCALES:
+            first, follow = time_policy(name, gpus, jobs, gpn, args.repeats)
+            cells.append(f"{first * 1e3:>11.1f} / {follow * 1e3:>9.1f} ms")
+        print(f"{name:<11}" + "".join(f"{c:>26}" for c in cells), flush=True)
+    if "ones" in policies:
+        print()
+        for gpus, jobs, gpn in SCALES:
+            print(f"ones peak traced memory at {gpus} GPUs / {jobs} jobs: {peak_memory_mib('ones', gpus, jobs, gpn):.1f} MiB")
+        print("targets: ones < 50 ms at 64 GPUs, < 2000 ms at 4096 GPUs, < 1024 MiB")
+
+
+if __name__ == "__main__":
+    main()
