@@ -33,7 +33,7 @@ import numpy as np
 from ones_pipeline.core import estimates
 from ones_pipeline.core.placement import free_mask, place_consolidated
 from ones_pipeline.core.policy import register
-from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, batch_and_lr
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
 
 
 def place_counts(cluster: Cluster, counts: Mapping[str, int], current: Schedule,
@@ -77,19 +77,25 @@ def place_counts(cluster: Cluster, counts: Mapping[str, int], current: Schedule,
 
 
 def _schedule_from_counts(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray,
-                          current: Schedule, order: Sequence[int]) -> Schedule:
+                          current: Schedule, order: Sequence[int], batches: np.ndarray | None = None) -> Schedule:
+    """Place the counts; a job keeping its count keeps its allocation (a batch change alone would
+    cost a restart), others get ``batches[j, n]`` (default: ONES's rule)."""
     names = [jobs[i].name for i in order]
     count_map = {jobs[i].name: int(counts[i]) for i in range(len(jobs))}
     gpus = place_counts(cluster, count_map, current, names)
+    index = {j.name: i for i, j in enumerate(jobs)}
     allocs = {}
     for j in jobs:
         if j.name not in gpus:
             continue
         old = current.allocations.get(j.name)
-        alloc = Allocation.for_spec(j.spec, gpus[j.name])
-        if old is not None and old.gpus == alloc.gpus and old.global_batch == alloc.global_batch:
-            alloc = old
-        allocs[j.name] = alloc
+        if old is not None and old.gpus == gpus[j.name]:
+            allocs[j.name] = old
+        elif batches is None:
+            allocs[j.name] = Allocation.for_spec(j.spec, gpus[j.name])
+        else:
+            batch = int(batches[index[j.name], len(gpus[j.name])])
+            allocs[j.name] = Allocation(j.name, gpus[j.name], batch, lr_for_batch(j.spec, batch))
     return Schedule(allocs)
 
 
@@ -97,20 +103,30 @@ def _caps(cluster: Cluster, jobs: Sequence[JobView]) -> np.ndarray:
     return np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs], dtype=np.int64)
 
 
-def _goodput_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_efficiency: bool) -> np.ndarray:
-    """(J, max_n + 1) base-equivalent samples/s of each job at 0..max_n GPUs (column 0 is 0)."""
+def _goodput_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_efficiency: bool,
+                   batch_factors: Sequence[float] = (1.0,)) -> tuple[np.ndarray, np.ndarray]:
+    """Goodput and global batch of each job at 0..max_n GPUs: two (J, max_n + 1) arrays (column 0 unused).
+
+    For each count the global batch is ``factor * per_gpu_batch * n`` (capped by the job's global batch
+    cap), for the factor in ``batch_factors`` that gives the most base-equivalent samples/s.
+    ``(1.0,)`` is ONES's rule: the per-GPU batch stays as submitted.
+    """
     params = estimates.fitted_params(jobs)  # (J, 6)
-    gns = estimates.noise_scales(jobs)  # (J,)
-    n = np.arange(1, max_n + 1)  # (N,)
-    gpn = max(cluster.gpus_per_node)
-    nodes = np.ceil(n / gpn)
-    per_gpu = np.array([j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None]
-    cap = np.array([j.spec.global_batch_cap for j in jobs], dtype=float)[:, None]
-    max_local = np.array([j.spec.max_per_gpu_batch or j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None]
-    batch = np.minimum(per_gpu * n[None, :], cap)  # (J, N): ONES's batch rule
-    gp = estimates.goodput_of(params[:, None, :], gns[:, None], per_gpu, max_local, n[None, :], nodes[None, :],
-                              batch, use_efficiency=use_efficiency)
-    return np.concatenate([np.zeros((len(jobs), 1)), gp], axis=1)
+    gns = estimates.noise_scales(jobs)[:, None, None]  # (J, 1, 1)
+    n = np.arange(1, max_n + 1)[None, :, None]  # (1, N, 1)
+    nodes = np.ceil(n / max(cluster.gpus_per_node))
+    factors = np.asarray(batch_factors, dtype=float)[None, None, :]  # (1, 1, F)
+    per_gpu = np.array([j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
+    cap = np.array([j.spec.global_batch_cap for j in jobs], dtype=float)[:, None, None]
+    max_local = np.array([j.spec.max_per_gpu_batch or j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
+    batch = np.maximum(np.minimum(np.round(per_gpu * factors) * n, cap), 1.0)  # (J, N, F)
+    gp = estimates.goodput_of(params[:, None, None, :], gns, per_gpu, max_local, n, nodes, batch,
+                              use_efficiency=use_efficiency)  # (J, N, F)
+    best = np.argmax(gp, axis=2)  # (J, N)
+    good = np.take_along_axis(gp, best[:, :, None], axis=2)[:, :, 0]
+    chosen = np.take_along_axis(batch, best[:, :, None], axis=2)[:, :, 0]
+    zeros = np.zeros((len(jobs), 1))
+    return np.concatenate([zeros, good], axis=1), np.concatenate([zeros, chosen], axis=1).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,7 +143,8 @@ class OnesPolicy:
     def __init__(self, seed: int = 0, population: int = 24, generations: int = 30,
                  time_budget_s: float | None = None, crossover_p: float = 0.5, removal_p: float = 0.1,
                  resize_p: float = 0.2, restart_cost_s: float = 30.0, immune_epochs: float = 0.0,
-                 use_efficiency: bool = True, gpu_time_weight: float = 0.0, horizon_s: float = 1800.0):
+                 use_efficiency: bool = True, gpu_time_weight: float = 0.0, horizon_s: float = 1800.0,
+                 batch_factors: Sequence[float] = (1.0, 2.0)):
         if population < 2:
             raise ValueError(f"ones: population must be >= 2, got {population}")
         if generations < 0:
@@ -144,7 +161,9 @@ class OnesPolicy:
                            crossover_p=crossover_p, removal_p=removal_p, resize_p=resize_p,
                            restart_cost_s=restart_cost_s, immune_epochs=immune_epochs,
                            use_efficiency=use_efficiency, gpu_time_weight=gpu_time_weight,
-                           horizon_s=horizon_s)
+                           horizon_s=horizon_s, batch_factors=[float(f) for f in batch_factors])
+        if not batch_factors or min(batch_factors) <= 0:
+            raise ValueError(f"ones: batch_factors must be positive numbers, got {list(batch_factors)}")
         if not horizon_s > 0:
             raise ValueError(f"ones: horizon_s must be > 0, got {horizon_s}")
         if gpu_time_weight < 0:
@@ -171,7 +190,8 @@ class OnesPolicy:
         p = self.params
         J, G, P = len(jobs), cluster.num_gpus, p["population"]
         caps = _caps(cluster, jobs)
-        table = _goodput_table(cluster, jobs, int(caps.max()), p["use_efficiency"])  # (J, N+1)
+        table, batches = _goodput_table(cluster, jobs, int(caps.max()), p["use_efficiency"],
+                                        p["batch_factors"])  # (J, N+1) each
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
@@ -203,7 +223,7 @@ class OnesPolicy:
         self.population = {j.name: pop[:, i].tolist() for i, j in enumerate(jobs)}
         # Place big, then short-remaining, jobs first.
         order = np.lexsort((submit, ctx.solo_time(best)))
-        return _schedule_from_counts(cluster, jobs, best, current, order)
+        return _schedule_from_counts(cluster, jobs, best, current, order, batches)
 
     def _initial_population(self, jobs: Sequence[JobView], ctx: "_Ctx") -> np.ndarray:
         P, J = self.params["population"], len(jobs)
@@ -305,9 +325,9 @@ class _Ctx:
         """Make every individual feasible (sum <= G, 0 <= n <= cap), then pad the free GPUs.
 
         Vectorised over the population. Over-full individuals keep jobs shortest-remaining first
-        while they fit (the one that overflows shrinks); padding gives 1 GPU to queued jobs
-        shortest-remaining first, then lets scheduled jobs double while that shortens them and
-        GPUs remain.
+        while they fit (the one that overflows shrinks); padding gives queued jobs GPUs
+        shortest-remaining first (1 each, or their request), then lets scheduled jobs double while
+        that shortens them and GPUs remain.
         """
         order = self.srt_order
         caps_o = self.caps[order][None, :]
@@ -316,10 +336,13 @@ class _Ctx:
         x = np.clip(self.G - (cum - x), 0, x)
         free = self.G - x.sum(axis=1)  # (P,)
         waiting = x == 0
-        rank = np.cumsum(waiting, axis=1)
-        give = waiting & (rank <= free[:, None])
-        x = x + give
-        free = free - give.sum(axis=1)
+        # Half the individuals give queued jobs 1 GPU each (sharing); the other half their requested
+        # count, shortest first, while it fits (run-to-completion). Both shapes stay reachable.
+        share = rng.random(x.shape[0]) < 0.5
+        want = np.where(share[:, None], 1, self.need[order][None, :]) * waiting
+        give = waiting & (np.cumsum(want, axis=1) <= free[:, None])
+        x = x + np.where(give, want, 0)
+        free = free - np.where(give, want, 0).sum(axis=1)
         run_o = self.run_time[order]  # (J, N+1)
         jo = np.arange(len(order))[None, :]
         for _ in range(2):

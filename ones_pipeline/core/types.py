@@ -140,10 +140,13 @@ def batch_and_lr(spec: JobSpec, n_gpus: int) -> tuple[int, float]:
     if n_gpus < 1:
         raise ValueError(f"n_gpus must be >= 1, got {n_gpus}")
     global_batch = min(spec.per_gpu_batch * n_gpus, spec.global_batch_cap)
+    return int(global_batch), lr_for_batch(spec, global_batch)
+
+
+def lr_for_batch(spec: JobSpec, global_batch: int) -> float:
+    """Linear LR scaling from the 1-GPU recipe, capped at ``max_lr``."""
     lr = spec.base_lr * global_batch / spec.per_gpu_batch
-    if spec.max_lr is not None:
-        lr = min(lr, spec.max_lr)
-    return int(global_batch), float(lr)
+    return float(min(lr, spec.max_lr) if spec.max_lr is not None else lr)
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,9 @@ def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restar
     unknown = cols - allowed
     raise TraceError(
         path,
-        f"header is neither a Pollux workload ({','.join(sorted(POLLUX_COLUMNS))}) nor an ONES trace "
+        f"the header is neither a Pollux workload ({','.join(sorted(POLLUX_COLUMNS))}) nor an ONES trace "
         f"({','.join(sorted(ONES_COLUMNS))}); closest is a {kind}: missing {sorted(missing)}, "
         f"unknown {sorted(unknown)}",
-        row=0,
     )
 
 

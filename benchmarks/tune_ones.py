@@ -1,0 +1,60 @@
+"""Parameter sweep of the ``ones`` policy, tuned honestly: choose on workloads 1-4, check on 5-8.
+
+Each setting is a JSON object of OnesPolicy keyword arguments. Prints mean JCT per workload and the
+geometric mean over the tuning and the held-out halves, so a setting that only fits some workloads
+shows up as such.
+
+    python benchmarks/tune_ones.py '{}' '{"horizon_s": 1200}' [--workloads 1,2,3,4,5,6,7,8,ones50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.engine import SimConfig
+from ones_pipeline.sim.report import summarise
+from ones_pipeline.sim.runner import run_one
+
+from policy_quality import workloads  # noqa: E402  (same folder)
+
+TUNE, HOLD_OUT = {"workload-1", "workload-2", "workload-3", "workload-4"}, {"workload-5", "workload-6",
+                                                                              "workload-7", "workload-8"}
+
+
+def _run(args):
+    label, spec, params = args
+    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), 0, params)
+    return label, json.dumps(params, sort_keys=True), summarise(res)["mean_jct_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("settings", nargs="+", help="JSON objects of OnesPolicy parameters")
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,ones50")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    specs = workloads(args.workloads.split(","))
+    settings = [json.loads(s) for s in args.settings]
+    tasks = [(label, spec, params) for params in settings for label, spec in specs.items()]
+    with ProcessPoolExecutor(max_workers=args.processes) as pool:
+        rows = list(pool.map(_run, tasks))
+    table: dict[str, dict[str, float]] = {}
+    for label, key, mean in rows:
+        table.setdefault(key, {})[label] = mean
+    labels = list(specs)
+    print(f"{'setting':<60}" + "".join(f"{lab[-12:]:>14}" for lab in labels) + f"{'geo tune':>10}{'geo hold':>10}")
+    for key, means in table.items():
+        tune = [means[lab] for lab in labels if lab in TUNE]
+        hold = [means[lab] for lab in labels if lab in HOLD_OUT]
+        geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
+        print(f"{key:<60}" + "".join(f"{means[lab]:>14.0f}" for lab in labels) + f"{geo(tune):>10.0f}{geo(hold):>10.0f}")
+
+
+if __name__ == "__main__":
+    main()
