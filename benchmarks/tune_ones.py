@@ -1,6 +1,7 @@
 """Parameter sweep of the ``ones`` policy, tuned honestly: choose on workloads 1-4, check on 5-8.
 
-Each setting is a JSON object of OnesPolicy keyword arguments. Prints mean JCT per workload and the
+Each setting is a JSON object of OnesPolicy keyword arguments. Prints mean JCT per workload (averaged
+over ``--seeds`` policy seeds: the search is randomised, so single runs differ by a few percent) and the
 geometric mean over the tuning and the held-out halves, so a setting that only fits some workloads
 shows up as such.
 
@@ -28,8 +29,8 @@ TUNE, HOLD_OUT = {"workload-1", "workload-2", "workload-3", "workload-4"}, {"wor
 
 
 def _run(args):
-    label, spec, params = args
-    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), 0, params)
+    label, spec, params, seed = args
+    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), seed, params)
     return label, json.dumps(params, sort_keys=True), summarise(res)["mean_jct_s"]
 
 
@@ -38,15 +39,18 @@ def main() -> None:
     parser.add_argument("settings", nargs="+", help="JSON objects of OnesPolicy parameters")
     parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,ones50")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seeds", type=int, default=1, help="average the mean JCT over seeds 0..N-1")
     args = parser.parse_args()
     specs = workloads(args.workloads.split(","))
     settings = [json.loads(s) for s in args.settings]
-    tasks = [(label, spec, params) for params in settings for label, spec in specs.items()]
+    tasks = [(label, spec, params, seed) for params in settings for label, spec in specs.items()
+             for seed in range(args.seeds)]
     with ProcessPoolExecutor(max_workers=args.processes) as pool:
         rows = list(pool.map(_run, tasks))
-    table: dict[str, dict[str, float]] = {}
+    sums: dict[str, dict[str, list[float]]] = {}
     for label, key, mean in rows:
-        table.setdefault(key, {})[label] = mean
+        sums.setdefault(key, {}).setdefault(label, []).append(mean)
+    table = {key: {label: float(np.mean(v)) for label, v in by.items()} for key, by in sums.items()}
     labels = list(specs)
     print(f"{'setting':<60}" + "".join(f"{lab[-12:]:>14}" for lab in labels) + f"{'geo tune':>10}{'geo hold':>10}")
     for key, means in table.items():

@@ -144,7 +144,7 @@ class OnesPolicy:
                  time_budget_s: float | None = None, crossover_p: float = 0.5, removal_p: float = 0.1,
                  resize_p: float = 0.2, restart_cost_s: float = 30.0, immune_epochs: float = 0.0,
                  use_efficiency: bool = True, gpu_time_weight: float = 0.0, horizon_s: float = 1800.0,
-                 batch_factors: Sequence[float] = (1.0, 2.0)):
+                 batch_factors: Sequence[float] = (1.0, 2.0), fine_resize: bool = False):
         if population < 2:
             raise ValueError(f"ones: population must be >= 2, got {population}")
         if generations < 0:
@@ -161,7 +161,8 @@ class OnesPolicy:
                            crossover_p=crossover_p, removal_p=removal_p, resize_p=resize_p,
                            restart_cost_s=restart_cost_s, immune_epochs=immune_epochs,
                            use_efficiency=use_efficiency, gpu_time_weight=gpu_time_weight,
-                           horizon_s=horizon_s, batch_factors=[float(f) for f in batch_factors])
+                           horizon_s=horizon_s, batch_factors=[float(f) for f in batch_factors],
+                           fine_resize=bool(fine_resize))
         if not batch_factors or min(batch_factors) <= 0:
             raise ValueError(f"ones: batch_factors must be positive numbers, got {list(batch_factors)}")
         if not horizon_s > 0:
@@ -260,10 +261,11 @@ class OnesPolicy:
         remove = (rng.random(out.shape) < p["removal_p"] / max(1, out.shape[1]) * 4) & ~immune[None, :]
         out[remove] = 0
         resize = rng.random(out.shape) < p["resize_p"] / max(1, out.shape[1]) * 4
-        up = rng.random(out.shape) < 0.5
-        grown = np.where(out == 0, 1, out * 2)
-        shrunk = out // 2
-        out = np.where(resize & up, grown, np.where(resize & ~up, shrunk, out))
+        # Four resize moves: double, halve, +1, -1 (coarse jumps and fine steps).
+        move = rng.integers(0, 4 if p["fine_resize"] else 2, size=out.shape)
+        resized = np.select([move == 0, move == 1, move == 2], [np.maximum(out * 2, 1), out // 2, out + 1],
+                            np.maximum(out - 1, 0))
+        out = np.where(resize, resized, out)
         return np.minimum(out, ctx.caps[None, :])
 
 

@@ -5,6 +5,12 @@ the Pollux authors' simulator). Between rounds each running job advances at its 
 whose allocation changed makes no progress for its ``restart_cost_s`` (checkpoint + restart), but
 holds its GPUs meanwhile. A job that finishes inside a round frees its GPUs at the next round.
 
+Goodput inside a round: when the job's ground truth says where its efficiency changes
+(``truth.next_rate_change``, e.g. the Pollux profiles change gradient statistics at each epoch end) and
+``SimConfig.rate_changes_within_round`` is on (default), the round is split at those points and each piece
+runs at its own goodput, as the Pollux authors' simulator re-evaluates goodput at every epoch boundary
+(``Job.step``). Otherwise the goodput at the start of the round holds for the whole round.
+
 The simulator is policy-agnostic: it only calls ``policy.decide`` and validates what comes back.
 """
 
@@ -36,6 +42,8 @@ class SimConfig:
     interval_s: float = 60.0
     restart_cost_s: float | None = None  # None: each job type's own (truth.restart_cost_s)
     max_time_s: float = DEFAULT_MAX_TIME_S
+    # Split rounds where the truth's efficiency changes (truth.next_rate_change); False: one rate per round.
+    rate_changes_within_round: bool = True
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -125,19 +133,38 @@ class _Running:
         )
 
 
-def _rate(job: _Running, cluster: Cluster) -> tuple[float, float, ThroughputObs]:
-    """(base-equivalent samples/s, raw samples/s, observation) of a running job now."""
+def _split(job: _Running) -> tuple[int, int, int]:
+    """(GPUs, per-GPU micro-batch, accumulation steps) of a running job: the truth's own rule
+    (``truth.split_batch``) when it has one, else ceil(batch / GPUs) per GPU with accumulation beyond
+    ``max_local_batch``."""
     alloc = job.alloc
     n = alloc.num_gpus
+    split = getattr(job.truth, "split_batch", None)
+    if split is not None:
+        micro, accum = split(n, alloc.global_batch)
+        return n, int(micro), int(accum)
     local = math.ceil(alloc.global_batch / n)
     accum = max(math.ceil(local / job.truth.max_local_batch) - 1, 0)
-    micro = math.ceil(local / (accum + 1))
+    return n, math.ceil(local / (accum + 1)), accum
+
+
+def _batch(job: _Running) -> int:
+    """Global batch a running job really trains with (GPUs x micro-batch x micro-steps)."""
+    n, micro, accum = _split(job)
+    return n * micro * (accum + 1)
+
+
+def _rate(job: _Running, cluster: Cluster, at_progress: float | None = None) -> tuple[float, float, ThroughputObs]:
+    """(base-equivalent samples/s, raw samples/s, observation) of a running job, with the efficiency
+    at ``at_progress`` (default: its progress now)."""
+    alloc = job.alloc
+    n, micro, accum = _split(job)
     placement = cluster.placement(alloc.gpus)
     step, sync = job.truth.step_time(placement, micro)
     total_step = step + accum * (step - sync)
     batch = n * micro * (accum + 1)
     raw = batch / total_step
-    eff = float(job.truth.efficiency(job.progress, batch))
+    eff = float(job.truth.efficiency(job.progress if at_progress is None else at_progress, batch))
     obs = ThroughputObs(n, len(placement), micro, float(step), float(sync))
     return raw * eff, raw, obs
 
@@ -239,15 +266,38 @@ def simulate(
             start = max(now, r.blocked_until)
             held_until = end
             if start < end:
-                rate, raw, obs = _rate(r, cluster)
-                r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
-                remaining = r.truth.total_progress - r.progress
-                dt = end - start
-                if rate * dt >= remaining:
-                    dt = remaining / rate
-                    held_until = start + dt
-                r.progress += rate * dt
-                r.samples += raw * dt
+                changes = getattr(r.truth, "next_rate_change", None) if config.rate_changes_within_round else None
+                total = r.truth.total_progress
+                t = start
+                first = True
+                while t < end:
+                    goal = total  # progress at which this piece ends (completion or the next rate change)
+                    at = None
+                    nxt = changes(r.progress, _batch(r)) if changes is not None else None
+                    if nxt is not None:  # piecewise-constant efficiency: the rate in force on (progress, goal]
+                        goal = min(nxt, total)
+                        at = 0.5 * (r.progress + goal)
+                    rate, raw, obs = _rate(r, cluster, at)
+                    if first:
+                        r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
+                        first = False
+                    remaining = goal - r.progress
+                    dt = end - t
+                    if rate * dt >= remaining:
+                        dt = remaining / rate
+                        if nxt is not None:
+                            r.progress = goal
+                        else:
+                            r.progress += rate * dt
+                        r.samples += raw * dt
+                        t += dt
+                        if goal >= total:
+                            held_until = t
+                            break
+                        continue
+                    r.progress += rate * dt
+                    r.samples += raw * dt
+                    t = end
                 _record_epochs(r)
             held = held_until - now
             n = r.alloc.num_gpus

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,33 @@ _VALIDATION_RE = re.compile(r"^validation-(\d+)\.csv$")
 _EXTRAPOLATION_FLOOR = 0.25
 _MIN_TIME_S = 1e-6
 _LOSS_EPS = 0.01
+
+# How the gradient statistics of a validation file are read between its per-epoch rows:
+#   "epoch": the row of the epoch in progress, constant during that epoch (the Pollux authors' simulator:
+#            ``Application.get_grad_stats(batch_size, epoch)`` with the job's epoch counter); epoch ``e`` of a
+#            file spans (progress[e-1], progress[e]] of that file's ``progress`` column.
+#   "interpolate": linear in progress between the rows (each row placed at its epoch's end), i.e. a value
+#            between the previous and the current epoch's statistics (the rule used before; it lags the
+#            data by about half an epoch).
+GRAD_STATS_RULES = ("epoch", "interpolate")
+
+# How a global batch is split into per-GPU micro-batches and gradient-accumulation steps (``split_batch``):
+#   "pollux": as the Pollux authors' simulator runs a job with a fixed batch (``Job.update_local_bsz``):
+#             per-GPU batch ceil(M / GPUs); accumulation when it exceeds the model's micro-batch limit
+#             (``POLLUX_MAX_LOCAL_BATCH`` where their simulator sets one by hand, else the largest local batch
+#             in placements.csv); on a single GPU a batch above M0 always takes at least 2 micro-steps; the
+#             micro-batch is then capped so that the total batch stays within the largest validated batch.
+#   "plain": per-GPU batch ceil(M / GPUs), accumulation only beyond the largest profiled local batch.
+BATCH_RULES = ("pollux", "plain")
+# Which measured rows of placements.csv give the step time of a placement (GPUs per node, in node order):
+#   "average": every ordering of the same per-node GPU counts, averaged (our allocations are unordered sets).
+#   "rotation": only the row of the placement's lexicographically smallest rotation, as the Pollux simulator
+#               (``Application.get_throughput``; a ring all-reduce is the same for every rotation). The
+#               simulator passes placements largest node first, which is the order in which Tiresias's
+#               most-free-node-first placement fills nodes in the Pollux simulator.
+PLACEMENT_LOOKUPS = ("average", "rotation")
+# Micro-batch limits that the Pollux simulator's ``applications.py`` sets explicitly (lower than placements.csv).
+POLLUX_MAX_LOCAL_BATCH = {"yolov3": 8}
 
 
 def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -132,16 +159,30 @@ class PolluxModelProfile:
       ``placements.csv``: linear in local batch within each measured (nodes, replicas), then linear in
       replicas between the nearest measured replica counts of the same node count (clamped to that node
       count's measured range), then linear in nodes (clamped to 1..16).
-    * ``efficiency`` / ``grad_noise_scale``: README section 3 with the gradient statistics interpolated
-      along progress within a validation file and linearly in batch between the two nearest files.
+    * ``efficiency``: README section 3 with the gradient statistics of the epoch in progress
+      (``grad_stats="epoch"``, as the Pollux simulator) or interpolated along progress
+      (``grad_stats="interpolate"``) within a validation file, linearly in batch between the two nearest
+      files. With ``"epoch"`` the efficiency is constant between epoch ends; :meth:`next_rate_change` tells
+      the simulator where it changes next.
+    * ``grad_noise_scale``: from the M0 file, interpolated along progress.
     * ``metrics``: see :meth:`metrics`.
     """
 
-    def __init__(self, traces_dir: str | Path, model: str, restart_cost_s: float = 30.0):
+    def __init__(self, traces_dir: str | Path, model: str, restart_cost_s: float = 30.0,
+                 grad_stats: str = "epoch", batch_rule: str = "pollux", placement_lookup: str = "average"):
         self.model = str(model)
         self.restart_cost_s = float(restart_cost_s)
         if not self.restart_cost_s >= 0:
             raise ValueError(f"restart_cost_s must be >= 0, got {restart_cost_s!r}")
+        if grad_stats not in GRAD_STATS_RULES:
+            raise ValueError(f"grad_stats must be one of {', '.join(GRAD_STATS_RULES)}, got {grad_stats!r}")
+        self.grad_stats = grad_stats
+        if batch_rule not in BATCH_RULES:
+            raise ValueError(f"batch_rule must be one of {', '.join(BATCH_RULES)}, got {batch_rule!r}")
+        self.batch_rule = batch_rule
+        if placement_lookup not in PLACEMENT_LOOKUPS:
+            raise ValueError(f"placement_lookup must be one of {', '.join(PLACEMENT_LOOKUPS)}, got {placement_lookup!r}")
+        self.placement_lookup = placement_lookup
         folder = Path(traces_dir) / self.model
         self.profile_dir = folder
         if not folder.is_dir():
@@ -176,6 +217,8 @@ class PolluxModelProfile:
             if batch == self.base_batch:
                 base = df
         m0 = self.base_batch
+        # Epoch ends of every file in base-equivalent samples (where the "epoch" rule changes rows).
+        self._val_ends: list[list[float]] = [[p * m0 for p in prog] for prog in self._val_prog]
         self.epochs = int(len(base))
         self.dataset_size = int(round(m0 * float(base["progress"].iloc[0])))
         self.total_progress = float(m0 * float(base["progress"].iloc[-1]))
@@ -209,11 +252,17 @@ class PolluxModelProfile:
         pl = pl.copy()
         pl["key"] = [_placement_key(p) for p in pl["placement"]]
         self.max_local_batch = int(pl["local_bsz"].max())
+        self.accum_local_batch = min(self.max_local_batch, POLLUX_MAX_LOCAL_BATCH.get(self.model, self.max_local_batch))
         # Exact placements: orderings of the same multiset averaged per local batch.
         self._exact: dict[tuple[int, ...], _BszCurve] = {}
         for key, g in pl.groupby("key", sort=False):
             m = g.groupby("local_bsz")[["step_time", "sync_time"]].mean()
             self._exact[key] = _BszCurve(m.index.to_numpy(), m["step_time"], m["sync_time"])
+        # Each measured placement string as written (digits in node order), for the "rotation" lookup.
+        self._rotations: dict[tuple[int, ...], _BszCurve] = {}
+        for digits, g in pl.groupby(pl["placement"].map(lambda v: tuple(int(c) for c in str(int(v)))), sort=False):
+            m = g.groupby("local_bsz")[["step_time", "sync_time"]].mean()
+            self._rotations[digits] = _BszCurve(m.index.to_numpy(), m["step_time"], m["sync_time"])
         # Spread table: (nodes, replicas) -> curve over local batch.
         pl["num_nodes"] = [len(k) for k in pl["key"]]
         pl["num_replicas"] = [sum(k) for k in pl["key"]]
@@ -240,7 +289,12 @@ class PolluxModelProfile:
         b = float(local_batch)
         if not b > 0:
             raise ValueError(f"{self.model}: local_batch must be > 0, got {local_batch!r}")
-        curve = self._exact.get(key)
+        curve = None
+        if self.placement_lookup == "rotation":
+            ordered = tuple(int(g) for g in placement if g)
+            curve = self._rotations.get(min(ordered[i:] + ordered[:i] for i in range(len(ordered))))
+        if curve is None:
+            curve = self._exact.get(key)
         if curve is not None:
             step, sync = curve(b)
         else:
@@ -269,18 +323,57 @@ class PolluxModelProfile:
         s1, y1 = curves[hi](b)
         return s0 + w * (s1 - s0), y0 + w * (y1 - y0)
 
+    def split_batch(self, num_gpus: int, global_batch: int) -> tuple[int, int]:
+        """(per-GPU micro-batch, accumulation steps) with which ``num_gpus`` GPUs train ``global_batch``;
+        one optimizer step is ``accum + 1`` micro-steps. See ``BATCH_RULES``."""
+        n, m = int(num_gpus), int(global_batch)
+        if n < 1 or m < 1:
+            raise ValueError(f"{self.model}: num_gpus and global_batch must be >= 1, got {num_gpus!r}, {global_batch!r}")
+        local = -(-m // n)
+        if self.batch_rule == "plain":
+            accum = max(-(-local // self.max_local_batch) - 1, 0)
+            return -(-local // (accum + 1)), accum
+        accum = max(-(-local // self.accum_local_batch) - 1, 0)
+        if n == 1 and m > self.base_batch:
+            accum = max(accum, 1)
+        micro = min(-(-local // (accum + 1)), self.max_batch // (n * (accum + 1)))
+        return max(micro, 1), accum
+
+    def _stats_of_file(self, i: int, progress: float) -> tuple[float, float]:
+        """(grad_sqr, grad_var) of validation file ``i`` at ``progress`` base-equivalent samples."""
+        if self.grad_stats == "epoch":
+            ends = self._val_ends[i]
+            k = min(bisect_left(ends, progress), len(ends) - 1)  # the epoch whose end is the first >= progress
+            return self._val_sqr[i][k], self._val_var[i][k]
+        steps = progress / self.base_batch
+        prog = self._val_prog[i]
+        return _interp(steps, prog, self._val_sqr[i]), _interp(steps, prog, self._val_var[i])
+
     def _grad_stats(self, progress: float, global_batch: float) -> tuple[float, float]:
         """(grad_sqr, grad_var) at ``progress`` base-equivalent samples and total batch ``global_batch``."""
-        steps = progress / self.base_batch
         lo, hi, w = _bracket(global_batch, self.validation_batches)
-        sqr = _interp(steps, self._val_prog[lo], self._val_sqr[lo])
-        var = _interp(steps, self._val_prog[lo], self._val_var[lo])
+        sqr, var = self._stats_of_file(lo, progress)
         if hi != lo and w != 0.0:
-            sqr1 = _interp(steps, self._val_prog[hi], self._val_sqr[hi])
-            var1 = _interp(steps, self._val_prog[hi], self._val_var[hi])
+            sqr1, var1 = self._stats_of_file(hi, progress)
             sqr += w * (sqr1 - sqr)
             var += w * (var1 - var)
         return sqr, var
+
+    def next_rate_change(self, progress: float, global_batch: float) -> float | None:
+        """Where ``efficiency`` at ``global_batch`` next changes: the smallest epoch end (base-equivalent
+        samples) of the validation files in use that lies above ``progress``; ``math.inf`` when it stays
+        constant from here on. None with ``grad_stats="interpolate"``: that rule varies continuously, and
+        the simulator then evaluates it once per round."""
+        if self.grad_stats != "epoch":
+            return None
+        lo, hi, w = _bracket(global_batch, self.validation_batches)
+        nxt = math.inf
+        for i in ((lo,) if hi == lo or w == 0.0 else (lo, hi)):
+            ends = self._val_ends[i]
+            k = bisect_right(ends, progress)  # first epoch end strictly above; past the last one nothing changes
+            if k < len(ends) - 1:
+                nxt = min(nxt, ends[k])
+        return nxt
 
     def efficiency(self, progress: float, global_batch: float) -> float:
         """gain / s with s = M / M0 and gain = (var + sqr) / (var / s + sqr) (README section 3)."""
@@ -323,16 +416,21 @@ class PolluxModelProfile:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_cached(traces_dir: str, model: str, restart_cost_s: float) -> PolluxModelProfile:
-    return PolluxModelProfile(traces_dir, model, restart_cost_s)
+def _load_cached(traces_dir: str, model: str, restart_cost_s: float, grad_stats: str,
+                 batch_rule: str, placement_lookup: str) -> PolluxModelProfile:
+    return PolluxModelProfile(traces_dir, model, restart_cost_s, grad_stats=grad_stats, batch_rule=batch_rule,
+                              placement_lookup=placement_lookup)
 
 
-def load_pollux_profile(traces_dir: str | Path, model: str, restart_cost_s: float = 30.0) -> PolluxModelProfile:
+def load_pollux_profile(traces_dir: str | Path, model: str, restart_cost_s: float = 30.0,
+                        grad_stats: str = "epoch", batch_rule: str = "pollux",
+                        placement_lookup: str = "average") -> PolluxModelProfile:
     """The profile of ``model`` under ``traces_dir`` (``.../pollux/traces``), cached per arguments.
 
     The cached object is shared: its step-time cache is the only state and it is a pure memo.
     """
-    return _load_cached(str(traces_dir), str(model), float(restart_cost_s))
+    return _load_cached(str(traces_dir), str(model), float(restart_cost_s), str(grad_stats), str(batch_rule),
+                        str(placement_lookup))
 
 
 def consolidated_placement(num_gpus: int, gpus_per_node: int = 4) -> tuple[int, ...]:

@@ -1,0 +1,75 @@
+"""Behaviour specific to the ONES policies and their placement."""
+
+import numpy as np
+
+from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy, place_counts
+from ones_pipeline.core.types import (
+    Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, StopKind, StoppingRule, ThroughputObs,
+)
+from ones_pipeline.sim.synthetic import random_scheduler_state
+
+
+def view(name, requested=2, obs=(), done=0.0, epochs=50.0, submit=0.0, status=JobStatus.PENDING, **kw):
+    spec = JobSpec(name=name, model=name, dataset_size=10_000, per_gpu_batch=32, base_lr=0.1, max_lr=3.2,
+                   requested_gpus=requested, max_per_gpu_batch=256,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs), submit_time_s=submit)
+    return JobView(spec=spec, status=status, submit_time_s=submit, samples_done=done, progress_samples=done,
+                   throughput_obs=tuple(obs), grad_noise_scale=1e6, **kw)
+
+
+def test_time_budget_bounds_the_generations():
+    rng = np.random.default_rng(0)
+    cluster, jobs, current = random_scheduler_state(rng, 40, 8, 4)
+    unbounded = OnesPolicy(seed=0, generations=30)
+    unbounded.decide(0.0, cluster, jobs, current)
+    assert unbounded.last_generations == 30
+    bounded = OnesPolicy(seed=0, generations=30, time_budget_s=1e-9)
+    schedule = bounded.decide(0.0, cluster, jobs, current)
+    assert bounded.last_generations <= 1
+    schedule.validate(cluster, {j.name: j.spec for j in jobs})
+
+
+def test_a_job_that_does_not_scale_gets_few_gpus_and_one_that_scales_gets_many():
+    # Measured at 1, 2 and 4 GPUs: "flat" gains nothing from more GPUs (all-reduce eats it),
+    # "linear" scales perfectly. With 8 GPUs, the goodput-based fitness gives most to "linear".
+    flat = [ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.20, 0.10),
+            ThroughputObs(4, 1, 32, 0.60, 0.50)]
+    linear = [ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.101, 0.001)]
+    jobs = [view("flat", requested=2, obs=flat), view("linear", requested=2, obs=linear)]
+    # batch_factors=(1,): with a doubled per-GPU batch the all-reduce would amortise and "flat" scale.
+    schedule = OnesPolicy(seed=1, batch_factors=(1.0,)).decide(0.0, Cluster.uniform(2, 4), jobs, Schedule())
+    n = {name: a.num_gpus for name, a in schedule.allocations.items()}
+    assert n.get("linear", 0) == 8 or n.get("linear", 0) > n.get("flat", 0)
+    assert n.get("flat", 0) <= 2
+
+
+def test_batch_follows_the_lr_rule_in_the_paper_policy():
+    jobs = [view("a", requested=2)]
+    schedule = OnesPaperPolicy(seed=0).decide(0.0, Cluster.uniform(1, 4), jobs, Schedule())
+    alloc = schedule.allocations["a"]
+    assert alloc.num_gpus == 2  # cap starts at the request
+    assert alloc.global_batch == 64 and alloc.lr == 0.2
+
+
+def test_placement_moves_as_few_running_jobs_as_possible():
+    cluster = Cluster.uniform(2, 4)
+    current = Schedule({"a": Allocation("a", (0, 1), 64), "b": Allocation("b", (4, 5, 6, 7), 128),
+                        "c": Allocation("c", (2, 3), 64)})
+    out = place_counts(cluster, {"a": 2, "b": 2, "c": 3, "d": 1}, current, ["a", "b", "c", "d"])
+    assert out["a"] == (0, 1)  # unchanged count: same GPUs
+    assert set(out["b"]) < {4, 5, 6, 7}  # shrink: a subset of what it had
+    assert {2, 3} < set(out["c"])  # grow: keeps its GPUs
+    flat = [g for gpus in out.values() for g in gpus]
+    assert len(flat) == len(set(flat)) == 8
+
+
+def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
+    # One job holds all 4 GPUs, has run 3 epochs (past the 2-epoch immunity), and a new job waits.
+    cluster = Cluster.uniform(1, 4)
+    big = view("big", requested=4, obs=[ThroughputObs(4, 1, 32, 0.1, 0.0)], done=30_000.0,
+               status=JobStatus.RUNNING, last_change_s=0.0, epochs_at_last_change=0.0)
+    new = view("new", requested=1, submit=100.0)
+    current = Schedule({"big": Allocation.for_spec(big.spec, (0, 1, 2, 3))})
+    schedule = OnesPaperPolicy(seed=0).decide(200.0, cluster, [big, new], current)
+    assert schedule.allocations["new"].num_gpus >= 1
+    assert schedule.allocations["big"].num_gpus <= 2
