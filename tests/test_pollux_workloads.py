@@ -44,7 +44,7 @@ def test_main_workloads_load(index):
         # A rigid baseline on its requested GPUs gets (about) the trace batch.
         assert batch_and_lr(spec, spec.requested_gpus)[0] == spec.per_gpu_batch * spec.requested_gpus
         assert spec.dataset_size == truth.dataset_size
-        assert spec.max_per_gpu_batch == truth.max_local_batch
+        assert spec.max_per_gpu_batch == truth.accum_local_batch <= truth.max_local_batch
         assert spec.stopping.kind is StopKind.EPOCHS
         assert spec.stopping.total_samples(spec.dataset_size) == pytest.approx(truth.total_progress, rel=1e-12)
 

@@ -9,7 +9,14 @@ Goodput inside a round: when the job's ground truth says where its efficiency ch
 (``truth.next_rate_change``, e.g. the Pollux profiles change gradient statistics at each epoch end) and
 ``SimConfig.rate_changes_within_round`` is on (default), the round is split at those points and each piece
 runs at its own goodput, as the Pollux authors' simulator re-evaluates goodput at every epoch boundary
-(``Job.step``). Otherwise the goodput at the start of the round holds for the whole round.
+(``Job.step``). Otherwise the goodput at the start of the round holds for the whole round. With
+``SimConfig.whole_second_epochs`` (off by default) the time to each epoch end (``truth.next_epoch_end``)
+is rounded to whole seconds, which the Pollux simulator also does; it exists to reproduce that simulator's
+numbers and models nothing physical.
+
+Batch: a job trains its allocation's global batch split into per-GPU micro-batches and accumulation
+steps by ``truth.split_batch(gpus, batch)`` when the truth has it (the Pollux profiles: the Pollux
+simulator's rule), else ceil(batch / GPUs) per GPU with accumulation beyond ``truth.max_local_batch``.
 
 The simulator is policy-agnostic: it only calls ``policy.decide`` and validates what comes back.
 """
@@ -44,6 +51,9 @@ class SimConfig:
     max_time_s: float = DEFAULT_MAX_TIME_S
     # Split rounds where the truth's efficiency changes (truth.next_rate_change); False: one rate per round.
     rate_changes_within_round: bool = True
+    # Count the time to each epoch end (truth.next_epoch_end) in whole seconds, as the Pollux authors'
+    # simulator does (Job.step rounds it); off: exact times.
+    whole_second_epochs: bool = False
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -264,41 +274,7 @@ def simulate(
                 still.append(r)
                 continue
             start = max(now, r.blocked_until)
-            held_until = end
-            if start < end:
-                changes = getattr(r.truth, "next_rate_change", None) if config.rate_changes_within_round else None
-                total = r.truth.total_progress
-                t = start
-                first = True
-                while t < end:
-                    goal = total  # progress at which this piece ends (completion or the next rate change)
-                    at = None
-                    nxt = changes(r.progress, _batch(r)) if changes is not None else None
-                    if nxt is not None:  # piecewise-constant efficiency: the rate in force on (progress, goal]
-                        goal = min(nxt, total)
-                        at = 0.5 * (r.progress + goal)
-                    rate, raw, obs = _rate(r, cluster, at)
-                    if first:
-                        r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
-                        first = False
-                    remaining = goal - r.progress
-                    dt = end - t
-                    if rate * dt >= remaining:
-                        dt = remaining / rate
-                        if nxt is not None:
-                            r.progress = goal
-                        else:
-                            r.progress += rate * dt
-                        r.samples += raw * dt
-                        t += dt
-                        if goal >= total:
-                            held_until = t
-                            break
-                        continue
-                    r.progress += rate * dt
-                    r.samples += raw * dt
-                    t = end
-                _record_epochs(r)
+            held_until = _advance(r, cluster, start, end, config) if start < end else end
             held = held_until - now
             n = r.alloc.num_gpus
             r.record.gpu_s += n * held
@@ -325,6 +301,54 @@ def simulate(
     records = [r.record for r in jobs]
     makespan = max(r.finish_s for r in records)
     return SimResult(policy.name, cluster, records, timeline, makespan, busy_gpu_s, decide_s)
+
+
+def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: SimConfig) -> float:
+    """Train running job ``r`` from ``start`` to ``end`` (or to its completion); return when it stops
+    holding its GPUs (``end``, or its completion time).
+
+    The round is cut into pieces at the points where the job's goodput changes
+    (``truth.next_rate_change``, with ``config.rate_changes_within_round``) and, with
+    ``config.whole_second_epochs``, at its epoch ends (``truth.next_epoch_end``); without either the
+    goodput at ``start`` holds until ``end``.
+    """
+    changes = getattr(r.truth, "next_rate_change", None) if config.rate_changes_within_round else None
+    epoch_end = getattr(r.truth, "next_epoch_end", None) if config.whole_second_epochs else None
+    total = r.truth.total_progress
+    t = anchor = start
+    first = True
+    while t < end:
+        goal = total  # progress at which this piece ends: completion, a rate change or an epoch end
+        nxt = changes(r.progress, _batch(r)) if changes is not None else None
+        if nxt is not None:
+            goal = min(goal, nxt)
+        ee = epoch_end(r.progress) if epoch_end is not None else None
+        if ee is not None:
+            goal = min(goal, ee)
+        # Piecewise-constant efficiency: the rate in force on (progress, goal], i.e. at its middle.
+        at = 0.5 * (r.progress + goal) if nxt is not None else None
+        rate, raw, obs = _rate(r, cluster, at)
+        if first:
+            r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
+            first = False
+        remaining = goal - r.progress
+        dt = end - t
+        if rate * dt < remaining:  # the round ends first
+            r.progress += rate * dt
+            r.samples += raw * dt
+            break
+        dt = remaining / rate
+        r.progress = goal if (nxt is not None or ee is not None) else r.progress + rate * dt
+        r.samples += raw * dt
+        t += dt
+        if ee is not None and goal >= ee:
+            # Pollux simulator (Job.step): the time from the last event to an epoch end is whole seconds.
+            t = anchor = min(anchor + round(t - anchor), end)
+        if goal >= total:
+            _record_epochs(r)
+            return t
+    _record_epochs(r)
+    return end
 
 
 def _record_epochs(r: _Running) -> None:

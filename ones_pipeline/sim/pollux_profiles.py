@@ -152,19 +152,26 @@ def _placement_key(digits) -> tuple[int, ...]:
 class PolluxModelProfile:
     """Measured behaviour of one Pollux model (implements ``JobTruth``).
 
-    * ``step_time``: exact placements from ``placements.csv`` (orderings of the same per-node GPU
-      counts, e.g. ``1342`` and ``1234``, are averaged: our placements are unordered), interpolated
-      linearly in ``local_batch``. Unmeasured placements (5+ nodes, or more than 4 GPUs on a node)
-      use the union of ``scalability.csv`` and the per-(nodes, replicas, bsz) mean of
-      ``placements.csv``: linear in local batch within each measured (nodes, replicas), then linear in
-      replicas between the nearest measured replica counts of the same node count (clamped to that node
-      count's measured range), then linear in nodes (clamped to 1..16).
+    * ``step_time``: exact placements from ``placements.csv``, interpolated linearly in ``local_batch``.
+      With ``placement_lookup="average"`` (default) the orderings of the same per-node GPU counts, e.g.
+      ``1342`` and ``1234``, are averaged (our placements are unordered); with ``"rotation"`` only the
+      lexicographically smallest rotation of the placement as given is used, as the Pollux simulator.
+      Unmeasured placements (5+ nodes, or more than 4 GPUs on a node) use the union of
+      ``scalability.csv`` and the per-(nodes, replicas, bsz) mean of ``placements.csv``: linear in local
+      batch within each measured (nodes, replicas), then linear in replicas between the nearest measured
+      replica counts of the same node count (clamped to that node count's measured range), then linear in
+      nodes (clamped to 1..16). (The Pollux simulator interpolates that table with a Delaunay-based
+      ``LinearNDInterpolator`` instead; both agree at the measured points.)
     * ``efficiency``: README section 3 with the gradient statistics of the epoch in progress
       (``grad_stats="epoch"``, as the Pollux simulator) or interpolated along progress
       (``grad_stats="interpolate"``) within a validation file, linearly in batch between the two nearest
       files. With ``"epoch"`` the efficiency is constant between epoch ends; :meth:`next_rate_change` tells
       the simulator where it changes next.
     * ``grad_noise_scale``: from the M0 file, interpolated along progress.
+    * ``split_batch``: how a global batch becomes per-GPU micro-batches and accumulation steps
+      (``batch_rule``, default ``"pollux"``: the Pollux simulator's rule, see ``BATCH_RULES``).
+    * ``next_epoch_end``: a job's epoch ends (least progress over the validation files at each epoch),
+      for simulators that count epoch times in whole seconds as the Pollux simulator does.
     * ``metrics``: see :meth:`metrics`.
     """
 
@@ -222,6 +229,10 @@ class PolluxModelProfile:
         self.epochs = int(len(base))
         self.dataset_size = int(round(m0 * float(base["progress"].iloc[0])))
         self.total_progress = float(m0 * float(base["progress"].iloc[-1]))
+        # A job's epoch ends (the Pollux simulator's ``Application.get_progress``: the least progress over the
+        # validation files at that epoch), the last one being completion.
+        n_ep = min(len(e) for e in self._val_ends)
+        self._epoch_ends = [min(e[k] for e in self._val_ends) for k in range(n_ep - 1)] + [self.total_progress]
         self._metric_prog = base["progress"].tolist()
         acc, loss = self._normalise_metric(base["metric"].to_numpy(dtype=float), min(metric_mins))
         self._acc = [float(v) for v in acc]
@@ -375,6 +386,11 @@ class PolluxModelProfile:
                 nxt = min(nxt, ends[k])
         return nxt
 
+    def next_epoch_end(self, progress: float) -> float:
+        """The first epoch end (base-equivalent samples) above ``progress``; ``math.inf`` past the last."""
+        k = bisect_right(self._epoch_ends, progress)
+        return self._epoch_ends[k] if k < len(self._epoch_ends) else math.inf
+
     def efficiency(self, progress: float, global_batch: float) -> float:
         """gain / s with s = M / M0 and gain = (var + sqr) / (var / s + sqr) (README section 3)."""
         if not global_batch > 0:
@@ -446,15 +462,15 @@ def ideal_run_time_s(profile: PolluxModelProfile, num_gpus: int, global_batch: i
     """Seconds to finish on ``num_gpus`` consolidated GPUs at a fixed ``global_batch`` with no waiting
     and no restarts, integrating 1 / goodput over progress with the midpoint rule in ``steps`` pieces.
 
-    Gradient accumulation as in the Pollux simulator when the per-GPU batch exceeds
-    ``max_local_batch``: a step is ``accum + 1`` micro-batches and costs
-    ``step_time + accum * (step_time - sync_time)``.
+    The batch is split into micro-batches and accumulation steps as the simulator does
+    (:meth:`PolluxModelProfile.split_batch`): a step is ``accum + 1`` micro-batches and costs
+    ``step_time + accum * (step_time - sync_time)``; the batch actually trained may be slightly smaller
+    or larger than ``global_batch`` (per-GPU rounding up, the cap at the largest validated batch).
     """
     placement = consolidated_placement(num_gpus, gpus_per_node)
-    local = math.ceil(global_batch / num_gpus)
-    accum = max(0, math.ceil(local / profile.max_local_batch) - 1)
-    local = math.ceil(global_batch / (num_gpus * (accum + 1)))
-    step, sync = profile.step_time(placement, local)
+    micro, accum = profile.split_batch(num_gpus, global_batch)
+    global_batch = num_gpus * micro * (accum + 1)
+    step, sync = profile.step_time(placement, micro)
     step_s = step + accum * (step - sync)
     throughput = global_batch / step_s  # samples / s
     total = profile.total_progress

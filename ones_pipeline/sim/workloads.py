@@ -51,8 +51,10 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
     ``dataset_size`` = the profile's samples per epoch, ``per_gpu_batch`` = ceil(batch_size /
     num_replicas), ``requested_gpus`` = num_replicas (the rigid baselines' GPU count),
     ``max_global_batch`` = the largest profiled batch (raised to ``per_gpu_batch * num_replicas`` if that
-    is larger, so a rigid baseline always gets its trace batch), ``max_per_gpu_batch`` = the largest profiled local
-    batch (bigger per-GPU batches need gradient accumulation: every bert row, 24..64 per GPU vs 12),
+    is larger, so a rigid baseline always gets its trace batch), ``max_per_gpu_batch`` = the largest per-GPU micro-batch
+    the ground truth runs without accumulation (``accum_local_batch``: the largest profiled local batch,
+    8 for yolov3 as in the Pollux simulator; bigger per-GPU batches need gradient accumulation: every
+    bert row, 24..64 per GPU vs 12),
     ``stopping`` = EPOCHS with ``total_progress / dataset_size`` epochs (so the samples to finish equal
     the profile's ``total_progress`` up to rounding), ``submit_time_s`` = time.
 
@@ -133,7 +135,7 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
                 per_gpu_batch=per_gpu,
                 base_lr=0.1,
                 max_global_batch=max(int(prof.max_batch), per_gpu * replicas),
-                max_per_gpu_batch=int(prof.max_local_batch),
+                max_per_gpu_batch=int(prof.accum_local_batch),
                 requested_gpus=replicas,
                 stopping=StoppingRule(StopKind.EPOCHS, epochs=prof.total_progress / prof.dataset_size),
                 submit_time_s=time_s,
