@@ -41,6 +41,20 @@ def _policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _costs_by_model(text: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        model, sep, value = part.partition("=")
+        try:
+            cost = float(value)
+        except ValueError:
+            cost = -1.0
+        if not sep or not model.strip() or not cost >= 0:
+            raise argparse.ArgumentTypeError(f"expected MODEL=SECONDS[,MODEL=SECONDS...] with seconds >= 0, got {part!r}")
+        out[model.strip()] = cost
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ones", description="ONES elastic scheduler for deep-learning jobs")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -55,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--interval", type=_positive_float, default=60.0, help="scheduling round in seconds (60)")
     sim.add_argument("--restart-cost", type=float, default=30.0,
                      help="seconds without progress after each start/resize/preemption (30)")
+    sim.add_argument("--restart-cost-by-model", type=_costs_by_model, default={}, metavar="MODEL=S,...",
+                     help="per job type restart costs, e.g. imagenet=60,ncf=10 (override --restart-cost)")
     sim.add_argument("--seed", type=int, default=0, help="random seed of the policies (0)")
     sim.add_argument("--processes", type=_positive_int, default=None,
                      help="parallel processes (default: one per policy, at most the CPU count)")
@@ -72,7 +88,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     gpus = args.gpus or default_gpus
     gpn = min(args.gpus_per_node or default_gpn, gpus)
     cluster = Cluster.from_total(gpus, gpn)
-    config = SimConfig(interval_s=args.interval, restart_cost_s=args.restart_cost)
+    config = SimConfig(interval_s=args.interval, restart_cost_s=args.restart_cost,
+                       restart_cost_by_model=args.restart_cost_by_model)
     print(f"simulating {workload.path.name} ({workload.kind}, {args.jobs or 'all'} jobs) on {gpus} GPUs "
           f"({gpn} per node), {args.interval:.0f} s rounds, policies: {','.join(args.policies)}", file=sys.stderr)
     results = run_policies(workload, args.policies, cluster, config, seed=args.seed, processes=args.processes,
@@ -83,6 +100,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.out:
         meta = {"workload": str(workload.path), "kind": workload.kind, "jobs": args.jobs, "gpus": gpus,
                 "gpus_per_node": gpn, "interval_s": args.interval, "restart_cost_s": args.restart_cost,
+                "restart_cost_by_model": args.restart_cost_by_model,
                 "seed": args.seed}
         summaries = write_outputs(results, args.out, meta, title=f"{workload.path.name}: JCT CDF")
     else:

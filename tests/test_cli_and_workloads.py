@@ -88,3 +88,6 @@ def test_bad_options_are_rejected(capsys):
     assert "allowed: ones,ones-paper" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["simulate", "--workload", "x.csv", "--gpus", "0"])
+    with pytest.raises(SystemExit):
+        main(["simulate", "--workload", "x.csv", "--restart-cost-by-model", "imagenet=-3"])
+    assert "MODEL=SECONDS" in capsys.readouterr().err

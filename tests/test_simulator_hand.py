@@ -89,3 +89,16 @@ def test_restart_cost_is_paid_on_every_allocation_change():
     gpu_s = {j.name: j.gpu_s for j in result.jobs}
     assert gpu_s["big"] == pytest.approx(2 * 20 + 2 * (56 - 30))
     assert gpu_s["small"] == pytest.approx(2 * (28 - 20))
+
+
+def test_restart_cost_can_be_set_per_job_type():
+    # As above, but only "small"'s model pays 3 s; "big" (another model) restarts for free.
+    jobs = [synthetic_job("big", 0, 8_000, requested_gpus=2, model="bigmodel"),
+            synthetic_job("small", 5, 1_000, requested_gpus=2, model="smallmodel")]
+    config = SimConfig(interval_s=10, restart_cost_s=0, restart_cost_by_model={"smallmodel": 3})
+    result = simulate(jobs, make_policy("tiresias", queue_thresholds_gpu_s=(30.0,)), Cluster.uniform(1, 2), config)
+    jct = {j.name: j.jct_s for j in result.jobs}
+    # big: 0-20 (4 000 done, demoted); small 20+3 .. 28; big resumes at 30, no pause: done at 50.
+    assert jct == pytest.approx({"big": 50.0, "small": 23.0})
+    with pytest.raises(ValueError, match="restart_cost_by_model"):
+        SimConfig(restart_cost_by_model={"x": -1})

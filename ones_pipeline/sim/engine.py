@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -48,6 +48,8 @@ DEFAULT_MAX_TIME_S = 60 * 24 * 3600.0
 class SimConfig:
     interval_s: float = 60.0
     restart_cost_s: float | None = None  # None: each job type's own (truth.restart_cost_s)
+    # Per job type (JobSpec.model) restart costs; they win over restart_cost_s for those models.
+    restart_cost_by_model: Mapping[str, float] = field(default_factory=dict)
     max_time_s: float = DEFAULT_MAX_TIME_S
     # Split rounds where the truth's efficiency changes (truth.next_rate_change); False: one rate per round.
     rate_changes_within_round: bool = True
@@ -60,6 +62,15 @@ class SimConfig:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
         if self.restart_cost_s is not None and self.restart_cost_s < 0:
             raise ValueError(f"restart_cost_s must be >= 0, got {self.restart_cost_s}")
+        bad = {m: c for m, c in self.restart_cost_by_model.items() if not c >= 0}
+        if bad:
+            raise ValueError(f"restart_cost_by_model values must be >= 0, got {bad}")
+        object.__setattr__(self, "restart_cost_by_model", dict(self.restart_cost_by_model))
+
+    def restart_cost_for(self, model: str, truth_cost: float) -> float:
+        if model in self.restart_cost_by_model:
+            return float(self.restart_cost_by_model[model])
+        return float(self.restart_cost_s) if self.restart_cost_s is not None else float(truth_cost)
 
 
 @dataclass
@@ -253,7 +264,7 @@ def simulate(
                     r.record.first_start_s = now
                 else:  # a resize, a move, or a resume after preemption
                     r.record.restarts += 1
-                cost = config.restart_cost_s if config.restart_cost_s is not None else r.truth.restart_cost_s
+                cost = config.restart_cost_for(r.spec.model, r.truth.restart_cost_s)
                 r.blocked_until = now + cost
                 r.status = JobStatus.RUNNING
                 r.max_gpus_seen = max(r.max_gpus_seen, new.num_gpus)
