@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.baselines.fifo import (
+from ones_pipeline.core.baselines.common import (
     BaselinePolicy,
     active_views,
     held_gpus,

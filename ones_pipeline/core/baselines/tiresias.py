@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.baselines.fifo import (
+from ones_pipeline.core.baselines.common import (
     BaselinePolicy,
     active_views,
     check_bool,
