@@ -72,6 +72,10 @@ def main() -> None:
         print()
         for gpus, jobs, gpn in SCALES:
             print(f"ones peak traced memory at {gpus} GPUs / {jobs} jobs: {peak_memory_mib('ones', gpus, jobs, gpn):.1f} MiB")
+        import resource
+
+        rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"peak resident memory of this whole benchmark process: {rss_mib:.0f} MiB")
         print("targets: ones < 50 ms at 64 GPUs, < 2000 ms at 4096 GPUs, < 1024 MiB")
 
 
