@@ -136,7 +136,19 @@ def _goodput_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_ef
 
 @register("ones")
 class OnesPolicy:
-    """Improved ONES (default): predicted-mean-JCT fitness over all jobs, goodput, vectorised search."""
+    """Improved ONES (default): predicted-mean-JCT fitness over all jobs, goodput, vectorised search.
+
+    Parameters (defaults tuned on Pollux workloads 1-4, checked on 5-8 and the ONES trace with
+    ``benchmarks/tune_ones.py``): ``population`` individuals kept between rounds; ``generations`` per
+    decision, stopped early by ``time_budget_s`` when given (live sensors; the simulator leaves it off so
+    decisions are reproducible); ``crossover_p`` uniform crossover; ``removal_p`` / ``resize_p`` expected
+    job removals / resizes (x2, /2; also +1, -1 with ``fine_resize``) per 4 jobs of a child;
+    ``immune_epochs``: younger jobs are never removed; ``restart_cost_s`` charged to every job whose GPU
+    count changes; ``horizon_s`` of the fitness (see ``_Ctx.fitness``); ``gpu_time_weight`` x active jobs
+    per cluster-second of GPU time wasted by inefficient scaling (0: off); ``batch_factors``: per-GPU batch
+    multiples tried for each count (the best goodput wins); ``use_efficiency``: goodput (True) or raw
+    throughput (False).
+    """
 
     name = "ones"
 
@@ -197,7 +209,6 @@ class OnesPolicy:
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
         changed_cost = np.full(J, p["restart_cost_s"])
-        # A job that is still paying a restart keeps paying it whatever we choose.
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    p["gpu_time_weight"] * J, p["horizon_s"])
@@ -222,7 +233,7 @@ class OnesPolicy:
         self.last_generations = gens
         best = pop[int(np.argmin(fit))]
         self.population = {j.name: pop[:, i].tolist() for i, j in enumerate(jobs)}
-        # Place big, then short-remaining, jobs first.
+        # Place the jobs that finish soonest first (ties: earlier submission).
         order = np.lexsort((submit, ctx.solo_time(best)))
         return _schedule_from_counts(cluster, jobs, best, current, order, batches)
 

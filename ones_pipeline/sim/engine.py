@@ -24,10 +24,10 @@ The simulator is policy-agnostic: it only calls ``policy.decide`` and validates 
 from __future__ import annotations
 
 import math
+import time as _time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-import numpy as np
 
 from ones_pipeline.core.policy import Policy
 from ones_pipeline.core.types import (
@@ -203,8 +203,6 @@ def simulate(
     Raises RuntimeError if the policy returns an infeasible schedule or the workload does not
     finish within ``config.max_time_s``.
     """
-    import time as _time
-
     if not workload:
         raise ValueError("workload has no jobs")
     names = [j.spec.name for j in workload]
@@ -328,6 +326,7 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
     total = r.truth.total_progress
     t = anchor = start
     first = True
+    progress0, samples0 = r.progress, r.samples
     while t < end:
         goal = total  # progress at which this piece ends: completion, a rate change or an epoch end
         nxt = changes(r.progress, _batch(r)) if changes is not None else None
@@ -356,17 +355,20 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
             # Pollux simulator (Job.step): the time from the last event to an epoch end is whole seconds.
             t = anchor = min(anchor + round(t - anchor), end)
         if goal >= total:
-            _record_epochs(r)
+            _record_epochs(r, progress0, samples0)
             return t
-    _record_epochs(r)
+    _record_epochs(r, progress0, samples0)
     return end
 
 
-def _record_epochs(r: _Running) -> None:
-    """Append (samples, loss/accuracy) for each epoch boundary crossed (the evaluation a job logs)."""
-    epochs = r.samples / r.spec.dataset_size
-    if epochs >= r.next_epoch:
-        loss, acc = r.truth.metrics(r.progress)
-        r.loss_hist.append((r.samples, float(loss)))
-        r.acc_hist.append((r.samples, float(acc)))
-        r.next_epoch = int(np.floor(epochs)) + 1
+def _record_epochs(r: _Running, progress0: float, samples0: float) -> None:
+    """Append (samples, loss/accuracy) at every epoch end crossed since (progress0, samples0): the
+    evaluation a live job logs each epoch. Progress at an epoch end is interpolated linearly in samples."""
+    size = r.spec.dataset_size
+    while r.next_epoch * size <= r.samples:
+        at = r.next_epoch * size
+        frac = (at - samples0) / (r.samples - samples0) if r.samples > samples0 else 1.0
+        loss, acc = r.truth.metrics(progress0 + frac * (r.progress - progress0))
+        r.loss_hist.append((float(at), float(loss)))
+        r.acc_hist.append((float(at), float(acc)))
+        r.next_epoch += 1

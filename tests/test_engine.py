@@ -1,0 +1,77 @@
+"""Simulator guarantees: it rejects infeasible policies, stops runaway runs, is deterministic, and
+shows policies only what a live job would report."""
+
+import pytest
+
+from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.types import Allocation, Cluster, Schedule
+from ones_pipeline.sim.engine import SimConfig, simulate
+from ones_pipeline.sim.runner import WorkloadSpec
+from ones_pipeline.sim.synthetic import synthetic_job
+
+
+class _DoubleBooker:
+    name = "double-booker"
+
+    def decide(self, now_s, cluster, jobs, current):
+        return Schedule({j.name: Allocation(j.name, (0,), 32) for j in jobs})
+
+    def to_dict(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+
+class _Idle(_DoubleBooker):
+    name = "idle"
+
+    def decide(self, now_s, cluster, jobs, current):
+        return Schedule()
+
+
+class _Recorder:
+    """Wraps a policy and keeps every view it was shown."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.views = inner, inner.name, []
+
+    def decide(self, now_s, cluster, jobs, current):
+        self.views.extend(jobs)
+        return self.inner.decide(now_s, cluster, jobs, current)
+
+
+def two_jobs():
+    return [synthetic_job("a", 0, 4_000, 1), synthetic_job("b", 0, 4_000, 1)]
+
+
+def test_double_booking_policy_is_rejected():
+    with pytest.raises(RuntimeError, match="double-booked"):
+        simulate(two_jobs(), _DoubleBooker(), Cluster.uniform(1, 2), SimConfig(interval_s=10))
+
+
+def test_a_policy_that_never_schedules_is_stopped():
+    with pytest.raises(RuntimeError, match="unfinished"):
+        simulate(two_jobs(), _Idle(), Cluster.uniform(1, 2), SimConfig(interval_s=10, max_time_s=1_000))
+
+
+def test_simulation_is_deterministic_for_a_seed(traces):
+    spec = WorkloadSpec(traces / "pollux" / "workloads" / "workload-5.csv", "pollux", max_jobs=15)
+    jobs = spec.load()
+    runs = [simulate(jobs, make_policy("ones", seed=4), Cluster.uniform(2, 4)) for _ in range(2)]
+    assert [j.jct_s for j in runs[0].jobs] == [j.jct_s for j in runs[1].jobs]
+    assert runs[0].timeline == runs[1].timeline
+
+
+def test_policies_see_histories_and_measurements_not_the_truth(traces):
+    spec = WorkloadSpec(traces / "ones_sc21" / "trace_1.csv", "ones", max_jobs=6)
+    recorder = _Recorder(make_policy("fifo"))
+    simulate(spec.load(), recorder, Cluster.uniform(4, 4), SimConfig(interval_s=30))
+    late = [v for v in recorder.views if v.samples_done > 2 * v.spec.dataset_size]
+    assert late, "some job should have run a few epochs"
+    for v in late:
+        assert v.known_total_samples() is None  # accuracy rule: the total is not given away
+        assert len(v.accuracy_history) >= 2 and len(v.loss_history) == len(v.accuracy_history)
+        assert v.throughput_obs and v.grad_noise_scale is not None and v.grad_noise_scale > 0
+        samples = [s for s, _ in v.accuracy_history]
+        assert samples == sorted(samples)
