@@ -144,8 +144,9 @@ class OnesPolicy:
     decisions are reproducible); ``crossover_p`` uniform crossover; ``removal_p`` / ``resize_p`` expected
     job removals / resizes (x2, /2; also +1, -1 with ``fine_resize``) per 4 jobs of a child;
     ``immune_epochs``: younger jobs are never removed; ``restart_cost_s`` charged to every job whose GPU
-    count changes; ``horizon_s`` of the fitness (see ``_Ctx.fitness``); ``gpu_time_weight`` x active jobs
-    per cluster-second of GPU time wasted by inefficient scaling (0: off); ``batch_factors``: per-GPU batch
+    count changes; ``horizon_s`` of the fitness (see ``_Ctx.fitness``); ``gpu_time_weight`` x active jobs x
+    overload (how far the active jobs' requests exceed the cluster, clipped to [0, 1]) per cluster-second
+    of GPU time spent beyond the job's most GPU-efficient size (0: off); ``batch_factors``: per-GPU batch
     multiples tried for each count (the best goodput wins); ``use_efficiency``: goodput (True) or raw
     throughput (False).
     """
@@ -155,7 +156,7 @@ class OnesPolicy:
     def __init__(self, seed: int = 0, population: int = 24, generations: int = 30,
                  time_budget_s: float | None = None, crossover_p: float = 0.5, removal_p: float = 0.1,
                  resize_p: float = 0.2, restart_cost_s: float = 30.0, immune_epochs: float = 0.0,
-                 use_efficiency: bool = True, gpu_time_weight: float = 0.0, horizon_s: float = 1800.0,
+                 use_efficiency: bool = True, gpu_time_weight: float = 0.5, horizon_s: float = 1800.0,
                  batch_factors: Sequence[float] = (1.0, 2.0), fine_resize: bool = False):
         if population < 2:
             raise ValueError(f"ones: population must be >= 2, got {population}")
@@ -210,8 +211,10 @@ class OnesPolicy:
         submit = np.array([j.submit_time_s for j in jobs])
         changed_cost = np.full(J, p["restart_cost_s"])
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
+        # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
+        overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   p["gpu_time_weight"] * J, p["horizon_s"])
+                   p["gpu_time_weight"] * J * overload, p["horizon_s"])
 
         pop = self._initial_population(jobs, ctx)  # (P, J)
         pop = ctx.repair(pop, self.rng)
@@ -304,6 +307,8 @@ class _Ctx:
         self.need = np.clip(requested, 1, caps)
         self.t_need = run[self.idx, self.need]
         self.ref_rate = np.maximum(table[self.idx, self.need], 1e-12)
+        counts = np.arange(1, table.shape[1])
+        self.best_rate_per_gpu = np.maximum((table[:, 1:] / counts[None, :]).max(axis=1), 1e-12)
 
     def solo_time(self, counts: np.ndarray) -> np.ndarray:
         return self.run_time[self.idx, counts]
@@ -396,11 +401,12 @@ class _Ctx:
         total = completion.sum(axis=1)
         if self.gpu_time_weight > 0:
             # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond
-            # what the same progress costs at the reference size delay queued and future jobs.
+            # what the same progress costs at the job's most GPU-efficient size delay queued and
+            # future jobs.
             busy = np.clip(np.minimum(done_by, H) - start, 0.0, None)
             progress = rate * busy
             used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
-            ref = self.need[None, :] * progress / self.ref_rate[None, :]
+            ref = progress / self.best_rate_per_gpu[None, :]
             total = total + self.gpu_time_weight * np.maximum(used - ref, 0.0).sum(axis=1) / self.G
         return total
 
