@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy, place_counts
+from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy
+from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.types import (
     Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, StopKind, StoppingRule, ThroughputObs,
 )
@@ -55,7 +56,8 @@ def test_placement_moves_as_few_running_jobs_as_possible():
     cluster = Cluster.uniform(2, 4)
     current = Schedule({"a": Allocation("a", (0, 1), 64), "b": Allocation("b", (4, 5, 6, 7), 128),
                         "c": Allocation("c", (2, 3), 64)})
-    out = place_counts(cluster, {"a": 2, "b": 2, "c": 3, "d": 1}, current, ["a", "b", "c", "d"])
+    held = {name: current.gpus_of(name) for name in "abcd"}
+    out = place_counts(cluster, [("a", 2), ("b", 2), ("c", 3), ("d", 1)], held)
     assert out["a"] == (0, 1)  # unchanged count: same GPUs
     assert set(out["b"]) < {4, 5, 6, 7}  # shrink: a subset of what it had
     assert {2, 3} < set(out["c"])  # grow: keeps its GPUs

@@ -31,58 +31,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.placement import free_mask, place_consolidated
+from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
-
-
-def place_counts(cluster: Cluster, counts: Mapping[str, int], current: Schedule,
-                 order: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """Concrete GPUs for GPU counts, moving as few running jobs as possible.
-
-    Jobs keeping their count keep their GPUs; shrinking jobs keep a subset (on their fullest nodes);
-    growing jobs keep what they have and add GPUs nearby; new jobs are placed consolidated, largest
-    first. ``order`` breaks ties (earlier = placed first). A job that cannot be placed is left out.
-    """
-    node_of = cluster.node_of
-    out: dict[str, tuple[int, ...]] = {}
-    free = free_mask(cluster)
-    rank = {name: i for i, name in enumerate(order)}
-    movers: list[str] = []
-    for name in order:
-        n = counts.get(name, 0)
-        if n <= 0:
-            continue
-        held = current.gpus_of(name)
-        if len(held) == n:
-            out[name] = held
-            free[list(held)] = False
-        elif 0 < n < len(held):
-            per_node = np.bincount(node_of[list(held)], minlength=cluster.num_nodes)
-            keep = sorted(held, key=lambda g: (-per_node[node_of[g]], g))[:n]
-            out[name] = tuple(sorted(keep))
-            free[keep] = False
-        else:
-            movers.append(name)
-    movers.sort(key=lambda name: (-counts[name], rank[name]))
-    # Growing jobs first claim the free GPUs they already hold.
-    for name in movers:
-        held = [g for g in current.gpus_of(name) if free[g]]
-        gpus = place_consolidated(cluster, free, counts[name], prefer=held)
-        if gpus is None:
-            continue
-        out[name] = tuple(gpus)
-        free[gpus] = False
-    return out
 
 
 def _schedule_from_counts(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray,
                           current: Schedule, order: Sequence[int], batches: np.ndarray | None = None) -> Schedule:
     """Place the counts; a job keeping its count keeps its allocation (a batch change alone would
     cost a restart), others get ``batches[j, n]`` (default: ONES's rule)."""
-    names = [jobs[i].name for i in order]
-    count_map = {jobs[i].name: int(counts[i]) for i in range(len(jobs))}
-    gpus = place_counts(cluster, count_map, current, names)
+    wanted = [(jobs[i].name, int(counts[i])) for i in order]
+    gpus = place_counts(cluster, wanted, {j.name: current.gpus_of(j.name) for j in jobs})
     index = {j.name: i for i, j in enumerate(jobs)}
     allocs = {}
     for j in jobs:

@@ -71,6 +71,42 @@ def keep_or_place(cluster: Cluster, free: np.ndarray, n: int, current: Sequence[
     return place_consolidated(cluster, free, n, prefer=current)
 
 
+def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
+                 held: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+    """Concrete GPUs for ``(job, count)`` pairs, moving as few running jobs as possible.
+
+    ``held`` maps a job to the GPUs it holds now (a valid schedule: no GPU twice). Jobs keeping their
+    count keep their GPUs; shrinking jobs keep a subset (on their fullest nodes); the rest, largest
+    first (ties in the given order), keep what they hold and add GPUs nearby, or are placed on as few
+    nodes as possible. A job that finds no room (only when counts exceed the cluster) is left out.
+    """
+    node_of = cluster.node_of
+    out: dict[str, tuple[int, ...]] = {}
+    free = free_mask(cluster)
+    movers: list[tuple[int, int, str, int]] = []
+    for rank, (name, n) in enumerate(wanted):
+        if n <= 0:
+            continue
+        cur = sorted(int(g) for g in held.get(name, ()))
+        if len(cur) == n:
+            out[name] = tuple(cur)
+            free[cur] = False
+        elif 0 < n < len(cur):
+            per_node = np.bincount(node_of[cur], minlength=cluster.num_nodes)
+            keep = sorted(sorted(cur, key=lambda g: (-per_node[node_of[g]], g))[:n])
+            out[name] = tuple(keep)
+            free[keep] = False
+        else:
+            movers.append((-n, rank, name, n))
+    for _, _, name, n in sorted(movers):
+        gpus = place_consolidated(cluster, free, n, prefer=[g for g in held.get(name, ()) if free[g]])
+        if gpus is None:
+            continue
+        out[name] = tuple(gpus)
+        free[gpus] = False
+    return out
+
+
 def schedule_changes(old: Schedule, new: Schedule) -> Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Jobs whose GPUs or batch differ: name -> (old gpus, new gpus)."""
     out = {}

@@ -1,7 +1,7 @@
 """Pieces every baseline shares: ``BaselinePolicy`` (seed, random generator, ``to_dict`` /
-``load_state``), parameter checks with precise errors, conversion of the current schedule into the GPUs
-each active job holds, and ``place_counts`` which turns "job -> GPU count" into concrete GPUs while
-keeping a job's GPUs when its count is unchanged.
+``load_state``), parameter checks with precise errors, and conversion of the current schedule into the
+GPUs each active job holds. Concrete GPUs for "job -> GPU count" come from ``core.placement.place_counts``,
+shared with the ONES policies.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.placement import keep_or_place
 from ones_pipeline.core.types import Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, lr_for_batch
 
 # --------------------------------------------------------------------------------------------------
@@ -158,35 +157,6 @@ def new_allocation(view: JobView, gpus: Sequence[int], global_batch: int, curren
     else:
         generation = view.restarts + 1
     return Allocation(view.name, gpus, int(global_batch), lr_for_batch(view.spec, int(global_batch)), generation)
-
-
-def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
-                 held: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
-    """Concrete GPUs for ``(job, count)`` pairs whose counts sum to at most the cluster size.
-
-    Jobs whose count equals the number of GPUs they hold keep them (no restart); the others are then
-    placed consolidated, largest first (ties in the given order), preferring GPUs they held before.
-    A job that finds no room (only when counts exceed the free GPUs) is left out.
-    """
-    free = np.ones(cluster.num_gpus, dtype=bool)
-    out: dict[str, list[int]] = {}
-    rest = []
-    for rank, (name, n) in enumerate(wanted):
-        if n <= 0:
-            continue
-        cur = list(held.get(name, ()))
-        if len(cur) == n and free[cur].all():
-            out[name] = sorted(cur)
-            free[cur] = False
-        else:
-            rest.append((-n, rank, name, n, cur))
-    for _, _, name, n, cur in sorted(rest):
-        gpus = keep_or_place(cluster, free, n, cur)
-        if gpus is None:
-            continue
-        out[name] = gpus
-        free[gpus] = False
-    return out
 
 
 def submit_order(views: Sequence[JobView]) -> list[JobView]:

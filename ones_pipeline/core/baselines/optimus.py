@@ -19,10 +19,10 @@ from ones_pipeline.core.baselines.common import (
     active_views,
     held_gpus,
     new_allocation,
-    place_counts,
     submit_order,
     workload_batch,
 )
+from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 

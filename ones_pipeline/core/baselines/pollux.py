@@ -54,9 +54,9 @@ from ones_pipeline.core.baselines.common import (
     check_int,
     held_gpus,
     new_allocation,
-    place_counts,
     submit_order,
 )
+from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
