@@ -1,0 +1,1 @@
+"""Adapters from the scheduling core to outside systems (MLflow tracking, launchers, GPU inventory)."""

@@ -1,0 +1,1 @@
+"""Training step: elastic, resumable data-parallel PyTorch training (models, data, sampler, checkpoints)."""

@@ -1,0 +1,402 @@
+"""The small API every training process uses: built-in workloads and users' own scripts alike.
+
+A launcher (``ones_pipeline.train.launcher``) starts one process per assigned slot with the allocation
+in environment variables (``ONES_*``, see ``Allocation.from_env``). In each process::
+
+    with TrainingSession.from_env() as session:
+        model = session.prepare(model, optimizer)         # restores the checkpoint, wraps DDP
+        for batch_idx in session.batches():                # elastic, resumable data order
+            x, y = train_x[batch_idx], train_y[batch_idx]
+            loss = loss_fn(model(x), y) * session.loss_scale(len(batch_idx))
+            ...backward, optimizer.step()...
+            session.step_done(loss=...)                    # throughput, LR warm-up, stop requests
+            if session.epoch_ended:
+                session.end_epoch(accuracy=..., loss=...)  # evaluation, stopping rule, checkpoint
+
+The session counts progress in samples, so a restart with another number of processes or another
+global batch continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the
+launcher's stop file, or the launcher's disappearance) is agreed on by all ranks at the next step boundary: rank 0
+writes a checkpoint and ends the MLflow run as KILLED; ``batches()`` then ends and ``stopped`` is True.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ones_pipeline.core.progress import convergence_counters
+from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from ones_pipeline.train.sampler import EpochOrder
+
+log = logging.getLogger("ones_pipeline.train")
+
+# Throughput is reported only from steady state: the first steps after a (re)start include
+# compilation/allocation warm-up and would bias the scheduler's speed model.
+WARMUP_STEPS = 3
+THROUGHPUT_WINDOW = 20
+
+
+def spec_to_json(spec: JobSpec) -> str:
+    data = asdict(spec)
+    data["stopping"] = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(spec.stopping).items()}
+    return json.dumps(data)
+
+
+def spec_from_json(text: str) -> JobSpec:
+    data = json.loads(text)
+    stopping = StoppingRule(**data.pop("stopping"))
+    if data.get("command") is not None:
+        data["command"] = tuple(data["command"])
+    return JobSpec(stopping=stopping, **data)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one training process is told by its launcher."""
+
+    spec: JobSpec
+    rank: int
+    world_size: int
+    global_batch: int
+    lr: float
+    generation: int
+    state_dir: Path
+    tracking_uri: str | None
+    experiment: str
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    device: str = "cpu"  # "cpu" or "cuda"
+    gpus: tuple[int, ...] = ()
+    num_nodes: int = 1
+    seed: int = 0
+
+    ENV_PREFIX = "ONES_"
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            "ONES_SPEC": spec_to_json(self.spec), "ONES_RANK": str(self.rank),
+            "ONES_WORLD_SIZE": str(self.world_size), "ONES_GLOBAL_BATCH": str(self.global_batch),
+            "ONES_LR": repr(self.lr), "ONES_GENERATION": str(self.generation),
+            "ONES_STATE_DIR": str(self.state_dir), "ONES_TRACKING_URI": self.tracking_uri or "",
+            "ONES_EXPERIMENT": self.experiment, "ONES_MASTER_ADDR": self.master_addr,
+            "ONES_MASTER_PORT": str(self.master_port), "ONES_DEVICE": self.device,
+            "ONES_GPUS": ",".join(str(g) for g in self.gpus), "ONES_NUM_NODES": str(self.num_nodes),
+            "ONES_SEED": str(self.seed),
+        }
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Placement":
+        env = os.environ if env is None else env
+        missing = [k for k in ("ONES_SPEC", "ONES_STATE_DIR") if not env.get(k)]
+        if missing:
+            raise RuntimeError(
+                f"training process started without {', '.join(missing)}: run it through "
+                "`python -m ones_pipeline.train` (the launcher sets the allocation)")
+        gpus = tuple(int(g) for g in env.get("ONES_GPUS", "").split(",") if g.strip())
+        return cls(
+            spec=spec_from_json(env["ONES_SPEC"]), rank=int(env.get("ONES_RANK", 0)),
+            world_size=int(env.get("ONES_WORLD_SIZE", 1)), global_batch=int(env["ONES_GLOBAL_BATCH"]),
+            lr=float(env["ONES_LR"]), generation=int(env.get("ONES_GENERATION", 0)),
+            state_dir=Path(env["ONES_STATE_DIR"]), tracking_uri=env.get("ONES_TRACKING_URI") or None,
+            experiment=env.get("ONES_EXPERIMENT", "ones"), master_addr=env.get("ONES_MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("ONES_MASTER_PORT", 29500)), device=env.get("ONES_DEVICE", "cpu"),
+            gpus=gpus, num_nodes=int(env.get("ONES_NUM_NODES", 1)), seed=int(env.get("ONES_SEED", 0)),
+        )
+
+
+@dataclass
+class Progress:
+    """Everything a checkpoint must carry besides model and optimizer state."""
+
+    epoch: int = 0
+    position: int = 0  # samples consumed in the current epoch
+    samples_done: int = 0
+    steps_done: int = 0
+    accuracies: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    lr_from: float | None = None  # warm-up start (LR before the last change)
+    lr_to: float | None = None
+    warmup_start_samples: int = 0
+    global_batch: int | None = None
+    restarts: int = 0
+    finished: bool = False
+
+
+class TrainingSession:
+    """One rank's view of an elastic, resumable data-parallel training run."""
+
+    def __init__(self, placement: Placement, dataset_size: int, checkpoint_interval_s: float = 30.0):
+        self.p = placement
+        self.spec = placement.spec
+        self.dataset_size = int(dataset_size)
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.order = EpochOrder(self.dataset_size, seed=placement.seed)
+        self.progress = Progress()
+        self.stopped = False
+        self.finished = False
+        self.epoch_ended = False
+        self._stop_requested = False
+        self._pending_stop = False
+        self._model: torch.nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._run = None
+        self._step_times: list[float] = []
+        self._steps_since_start = 0
+        self._last_ckpt = time.monotonic()
+        self._t_step = None
+        self._prev_handlers: dict[int, Any] = {}
+        self._stop_file = Path(os.environ["ONES_STOP_FILE"]) if os.environ.get("ONES_STOP_FILE") else None
+        self._launcher_pid = int(os.environ.get("ONES_LAUNCHER_PID", "0")) or None
+
+    @classmethod
+    def from_env(cls, dataset_size: int, **kw) -> "TrainingSession":
+        return cls(Placement.from_env(), dataset_size, **kw)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.p.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        if self.p.device == "cuda":
+            return torch.device("cuda", 0 if not self.p.gpus else self.p.rank % max(torch.cuda.device_count(), 1))
+        return torch.device("cpu")
+
+    def __enter__(self) -> "TrainingSession":
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
+        if self.p.world_size > 1:
+            backend = "nccl" if self.p.device == "cuda" else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{self.p.master_addr}:{self.p.master_port}",
+                                    rank=self.p.rank, world_size=self.p.world_size)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None and self._run is not None:
+            self._run.finish("FAILED")
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for sig, handler in self._prev_handlers.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop_requested = True
+
+    # -- setup --------------------------------------------------------------------------------------
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: Mapping[str, Any] | None = None
+                ) -> torch.nn.Module:
+        """Restore the latest checkpoint (if any), open the job's MLflow run (rank 0), wrap for DDP."""
+        ckpt = load_checkpoint(self.p.state_dir)
+        if ckpt is not None:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            self.progress = Progress(**ckpt["progress"])
+            self.progress.restarts += 1
+            restore_rng_state(ckpt["rng"])
+            # Stopped after its last epoch's evaluation: nothing left to train.
+            self.finished = self.progress.finished
+        if self.progress.global_batch is not None and self.progress.global_batch != self.p.global_batch:
+            # Batch changed: warm the LR up linearly over one epoch from where it was.
+            self.progress.lr_from = self.current_lr()
+            self.progress.warmup_start_samples = self.progress.samples_done
+        elif self.progress.lr_from is None:
+            self.progress.lr_from = self.p.lr
+        self.progress.lr_to = self.p.lr
+        self.progress.global_batch = self.p.global_batch
+        self._optimizer = optimizer
+        self._set_lr()
+        model.to(self.device)
+        if self.p.world_size > 1:
+            model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self._model = model
+        if self.is_main and self.p.tracking_uri:
+            from ones_pipeline.adapters.mlflow_tracker import JobRun
+
+            run_params = dict(json.loads(spec_to_json(self.spec)))
+            run_params.update(params or {})
+            self._run = JobRun.open(self.p.tracking_uri, self.p.experiment, self.spec.name, self.p.state_dir,
+                                    params=run_params, generation=self.p.generation)
+        return model
+
+    # -- LR -----------------------------------------------------------------------------------------
+    def current_lr(self) -> float:
+        pr = self.progress
+        start, end = pr.lr_from if pr.lr_from is not None else self.p.lr, pr.lr_to if pr.lr_to is not None else self.p.lr
+        span = max(self.dataset_size, 1)
+        frac = min(max((pr.samples_done - pr.warmup_start_samples) / span, 0.0), 1.0)
+        return float(start + (end - start) * frac)
+
+    def _set_lr(self) -> None:
+        lr = self.current_lr()
+        for group in self._optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- data ---------------------------------------------------------------------------------------
+    def loss_scale(self, local_count: int) -> float:
+        """Factor for a per-sample-summed loss so DDP's gradient average equals the global batch mean."""
+        return self.p.world_size / max(self._batch_now, 1)
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """Yield this rank's sample indices for each step until the job finishes or is stopped."""
+        while not self.finished and not self.stopped:
+            if self._pending_stop:  # the script did not call end_epoch: stop now
+                self._stop("KILLED")
+                break
+            pr = self.progress
+            if pr.position >= self.dataset_size:
+                pr.epoch += 1
+                pr.position = 0
+            self.epoch_ended = False
+            remaining = self.dataset_size - pr.position
+            self._batch_now = min(self.p.global_batch, remaining)
+            idx = self.order.batch_indices(pr.epoch, pr.position, self.p.global_batch, self.p.rank, self.p.world_size)
+            self._t_step = time.perf_counter()
+            yield idx
+            if self._t_step is not None:  # step_done was not called: do its bookkeeping anyway
+                self.step_done()
+
+    def step_done(self, loss: float | None = None) -> None:
+        """Account for the step just taken; decide (all ranks together) whether to stop."""
+        if self._t_step is None:
+            return
+        elapsed = time.perf_counter() - self._t_step
+        self._t_step = None
+        pr = self.progress
+        pr.position += self._batch_now
+        pr.samples_done += self._batch_now
+        pr.steps_done += 1
+        self._steps_since_start += 1
+        if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.p.global_batch:
+            self._step_times.append(elapsed)
+            self._step_times = self._step_times[-THROUGHPUT_WINDOW:]
+        self._set_lr()
+        self.epoch_ended = pr.position >= self.dataset_size
+        if loss is not None:
+            self._last_loss = float(loss)
+        stop = self._agree_stop()
+        if stop and self.epoch_ended:
+            # Evaluate the finished epoch first (end_epoch), then stop: a resume must not skip it.
+            self._pending_stop = True
+        elif stop:
+            self._stop("KILLED")
+        elif time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended:
+            self.checkpoint()
+
+    def _stop_wanted(self) -> bool:
+        if self._stop_requested:
+            return True
+        if self._stop_file is not None and self._stop_file.exists():
+            return True
+        # Orphaned (launcher killed): stop cleanly rather than train unsupervised.
+        return self._launcher_pid is not None and os.getppid() != self._launcher_pid
+
+    def _agree_stop(self) -> bool:
+        flag = torch.tensor([1.0 if self._stop_wanted() else 0.0])
+        if self.p.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    # -- reporting ----------------------------------------------------------------------------------
+    def throughput(self) -> float | None:
+        """Steady-state samples/s (median step time of the recent window), None before steady state."""
+        if len(self._step_times) < 2:
+            return None
+        return self.p.global_batch / float(np.median(self._step_times))
+
+    def metrics(self) -> dict[str, float]:
+        pr = self.progress
+        out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
+               "global_batch": float(self.p.global_batch), "gpus": float(self.p.world_size),
+               "lr": self.current_lr(), "per_gpu_batch": float(math.ceil(self.p.global_batch / self.p.world_size)),
+               "num_nodes": float(self.p.num_nodes)}
+        tp = self.throughput()
+        if tp is not None:
+            out["samples_per_s"] = tp
+            out["step_time_s"] = float(np.median(self._step_times))
+        if getattr(self, "_last_loss", None) is not None:
+            out["loss"] = self._last_loss
+        return out
+
+    def end_epoch(self, accuracy: float, loss: float | None = None) -> bool:
+        """Record an evaluation; apply the stopping rule; checkpoint. Returns True when the job is done."""
+        pr = self.progress
+        pr.accuracies.append(float(accuracy))
+        if loss is not None:
+            pr.losses.append(float(loss))
+        self.finished = self._stopping_rule_met()
+        if self._run is not None:
+            m = self.metrics()
+            m["accuracy"] = float(accuracy)
+            if loss is not None:
+                m["test_loss"] = float(loss)
+            self._run.log_metrics(m, step=pr.samples_done)
+        pr.finished = self.finished
+        self.checkpoint()
+        if self.finished:
+            self._finish()
+        elif self._pending_stop:
+            self._stop("KILLED")
+        return self.finished
+
+    def _stopping_rule_met(self) -> bool:
+        rule, pr = self.spec.stopping, self.progress
+        if rule.kind is StopKind.EPOCHS:
+            return pr.samples_done >= rule.epochs * self.dataset_size - 1e-9
+        if rule.kind is StopKind.SAMPLES:
+            return pr.samples_done >= rule.samples
+        counters, _ = convergence_counters(pr.accuracies, rule.target_accuracy, rule.min_delta)
+        return bool(counters[-1] >= rule.patience)
+
+    # -- checkpoint / end ---------------------------------------------------------------------------
+    def checkpoint(self) -> None:
+        """Rank 0 writes model, optimizer, progress and RNG state atomically; all ranks wait for it."""
+        if self.is_main:
+            model = self._model.module if hasattr(self._model, "module") else self._model
+            save_checkpoint(self.p.state_dir, {
+                "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
+                "progress": asdict(self.progress), "rng": capture_rng_state(),
+            })
+        if self.p.world_size > 1:
+            dist.barrier()
+        self._last_ckpt = time.monotonic()
+
+    def _stop(self, status: str) -> None:
+        self._pending_stop = False
+        self.checkpoint()
+        if self._run is not None:
+            self._run.log_metrics(self.metrics(), step=self.progress.samples_done)
+            self._run.finish(status)
+        self.stopped = True
+        log.info("stopped at %d samples (epoch %.2f): checkpoint written", self.progress.samples_done,
+                 self.progress.samples_done / self.dataset_size)
+
+    def _finish(self) -> None:
+        if self._run is not None:
+            self._run.finish("FINISHED")
+        if self.is_main:
+            result = {"job": self.spec.name, "samples": self.progress.samples_done,
+                      "epochs": self.progress.samples_done / self.dataset_size,
+                      "accuracy": self.progress.accuracies[-1] if self.progress.accuracies else None,
+                      "restarts": self.progress.restarts}
+            tmp = self.p.state_dir / "result.json.tmp"
+            tmp.write_text(json.dumps(result))
+            os.replace(tmp, self.p.state_dir / "result.json")
+
+    def log_step_metrics(self) -> None:
+        """Log the current step metrics (rank 0); call every few steps for a live progress curve."""
+        if self._run is not None:
+            self._run.log_metrics(self.metrics(), step=self.progress.samples_done)

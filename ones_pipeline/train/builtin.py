@@ -1,0 +1,91 @@
+"""Built-in workloads: one training process of a built-in model, written on the public session API.
+
+``JobSpec.model`` names a workload ``<model>-<dataset>``: ``mlp-digits``, ``cnn-digits`` (scikit-learn's
+digits, shipped with the package, so they train offline) and ``resnet18-cifar-synthetic`` (generated
+CIFAR-shaped tensors, for throughput runs on a GPU). Started by the launcher once per slot:
+``python -m ones_pipeline.train.builtin`` with the ``ONES_*`` environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+from ones_pipeline.train.api import Placement, TrainingSession
+from ones_pipeline.train.data import load_dataset
+from ones_pipeline.train.models import build_model
+
+WORKLOADS = {
+    "mlp-digits": ("mlp", "digits"),
+    "cnn-digits": ("cnn", "digits"),
+    "resnet18-cifar-synthetic": ("resnet18", "cifar-synthetic"),
+}
+# Log a live progress point every this many steps (plus every epoch end).
+LOG_EVERY_STEPS = 10
+
+
+def resolve_workload(model: str) -> tuple[str, str]:
+    if model not in WORKLOADS:
+        raise ValueError(f"unknown built-in model {model!r}; allowed: {', '.join(WORKLOADS)} "
+                         "(or give the job a command to run your own script)")
+    return WORKLOADS[model]
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
+             batch: int = 512) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) on a test set."""
+    model.eval()
+    correct, total_loss = 0, 0.0
+    for i in range(0, len(x), batch):
+        xb, yb = x[i:i + batch].to(device), y[i:i + batch].to(device)
+        out = model(xb)
+        total_loss += float(torch.nn.functional.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(1) == yb).sum())
+    model.train()
+    return correct / len(x), total_loss / len(x)
+
+
+def main() -> int:
+    placement = Placement.from_env()
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {placement.spec.name} rank {placement.rank}: %(message)s")
+    logging.getLogger("ones_pipeline").setLevel(logging.INFO)
+    torch.set_num_threads(1)  # one process per slot: a slot is one core
+    model_name, dataset_name = resolve_workload(placement.spec.model)
+    train, test, info = load_dataset(dataset_name, seed=placement.seed)
+    x_train, y_train = train.tensors
+    x_test, y_test = test.tensors
+    torch.manual_seed(placement.seed)  # every rank builds the same initial model
+    model = build_model(model_name, info.num_classes, info.input_shape)
+    optimizer = torch.optim.SGD(model.parameters(), lr=placement.lr, momentum=0.9)
+    with TrainingSession(placement, len(x_train)) as session:
+        model = session.prepare(model, optimizer, params={"dataset": dataset_name})
+        device = session.device
+        for idx in session.batches():
+            idx_t = torch.as_tensor(idx, dtype=torch.long)
+            if len(idx_t):
+                out = model(x_train[idx_t].to(device))
+                loss = torch.nn.functional.cross_entropy(out, y_train[idx_t].to(device), reduction="sum")
+                loss_value = float(loss.detach()) / len(idx_t)
+            else:  # this rank has no sample in this step: contribute a zero gradient
+                loss = sum(p.sum() * 0.0 for p in model.parameters())
+                loss_value = None
+            optimizer.zero_grad(set_to_none=True)
+            (loss * session.loss_scale(len(idx_t))).backward()
+            optimizer.step()
+            session.step_done(loss=loss_value)
+            if session.progress.steps_done % LOG_EVERY_STEPS == 0:
+                session.log_step_metrics()
+            if session.epoch_ended and not session.stopped:
+                acc, test_loss = evaluate(model, x_test, y_test, device) if session.is_main else (0.0, 0.0)
+                acc_t = torch.tensor([acc, test_loss])
+                if placement.world_size > 1:  # every rank applies the stopping rule to the same numbers
+                    torch.distributed.broadcast(acc_t, src=0)
+                session.end_epoch(accuracy=float(acc_t[0]), loss=float(acc_t[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

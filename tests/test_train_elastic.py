@@ -1,0 +1,124 @@
+"""The elastic training step end to end: real torch processes (gloo), real checkpoints, real MLflow."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mlflow = pytest.importorskip("mlflow")
+
+from ones_pipeline.adapters.mlflow_tracker import read_progress  # noqa: E402
+from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EPOCHS = 4
+
+
+def train_cmd(state_dir: Path, uri: str, slots: int, batch: int, name: str = "elastic", generation: int = 0):
+    return [sys.executable, "-m", "ones_pipeline.train", "--model", "cnn-digits", "--name", name,
+            "--epochs", str(EPOCHS), "--per-gpu-batch", "8", "--base-lr", "0.01", "--max-lr", "0.04",
+            "--slots", str(slots), "--global-batch", str(batch), "--generation", str(generation),
+            "--state-dir", str(state_dir), "--tracking-uri", uri, "--grace-period", "20"]
+
+
+def run_until_checkpoint_then_stop(cmd, state_dir: Path, after_epochs: float, timeout: float = 120.0):
+    """Start training, wait until a checkpoint beyond ``after_epochs`` exists, SIGTERM, wait for exit 0."""
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    deadline = time.monotonic() + timeout
+    ckpt = state_dir / "checkpoint-latest.pt"
+    start_mtime = ckpt.stat().st_mtime if ckpt.exists() else 0.0
+    while time.monotonic() < deadline:
+        if ckpt.exists() and ckpt.stat().st_mtime > start_mtime:
+            state = load_checkpoint(state_dir)
+            if state is not None and state["progress"]["samples_done"] / 1437 >= after_epochs:
+                break
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before it could be interrupted (exit {proc.returncode})")
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=60)
+    return code, time.monotonic() - t0
+
+
+def metric_history(uri: str, run_id: str, key: str):
+    client = mlflow.tracking.MlflowClient(uri)
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_interrupted_twice_and_resized_matches_uninterrupted(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Uninterrupted reference: 2 processes, global batch 16.
+    ref_dir = tmp_path / "ref"
+    assert subprocess.run(train_cmd(ref_dir, uri, 2, 16, name="reference"), cwd=ROOT, timeout=300).returncode == 0
+    ref = load_checkpoint(ref_dir)["progress"]
+
+    # Same job, stopped twice and resumed at other process counts and batch sizes.
+    state = tmp_path / "elastic"
+    code, took = run_until_checkpoint_then_stop(train_cmd(state, uri, 2, 16), state, after_epochs=1)
+    assert code == 0 and took < 20
+    mid1 = load_checkpoint(state)["progress"]
+    code, took = run_until_checkpoint_then_stop(train_cmd(state, uri, 1, 8, generation=1), state, after_epochs=2)
+    assert code == 0 and took < 20
+    mid2 = load_checkpoint(state)["progress"]
+    assert mid2["samples_done"] > mid1["samples_done"]
+    assert subprocess.run(train_cmd(state, uri, 3, 24, generation=2), cwd=ROOT, timeout=300).returncode == 0
+    final = load_checkpoint(state)["progress"]
+
+    # Same sample count and epoch as without interruption; two restarts recorded.
+    assert final["samples_done"] == ref["samples_done"] == EPOCHS * 1437
+    assert final["epoch"] == ref["epoch"]
+    assert final["restarts"] == 2 and final["finished"]
+    # A stop lands mid-epoch: the checkpoint was written at the step boundary, not only at epoch ends.
+    assert mid1["position"] % 1437 != 0 or mid2["position"] % 1437 != 0
+
+    # One MLflow run across the three generations; its sample count only grows; the loss continues.
+    progress = read_progress(uri, "ones", ["elastic"])["elastic"]
+    assert progress.samples_done == EPOCHS * 1437 and progress.restarts == 2
+    samples = metric_history(uri, progress.run_id, "samples")
+    assert [s for s, _ in samples] == sorted(s for s, _ in samples)
+    losses = metric_history(uri, progress.run_id, "loss")
+    first_loss = losses[0][1]
+    after_resume = [v for s, v in losses if s > mid1["samples_done"]][:1] + \
+                   [v for s, v in losses if s > mid2["samples_done"]][:1]
+    assert all(v < 0.6 * first_loss for v in after_resume), (first_loss, after_resume)
+    accuracy = metric_history(uri, progress.run_id, "accuracy")
+    assert len(accuracy) == EPOCHS and accuracy[-1][1] > 0.85
+
+
+def test_bad_inputs_fail_before_anything_starts(tmp_path):
+    base = [sys.executable, "-m", "ones_pipeline.train", "--name", "bad", "--epochs", "1"]
+    cases = [
+        (["--model", "gpt-17", "--state-dir", str(tmp_path / "a")], "unknown built-in model"),
+        (["--model", "mlp-digits", "--global-batch", "100000", "--max-lr", "0.1", "--state-dir", str(tmp_path / "b")],
+         "global_batch"),
+        (["--model", "mlp-digits", "--state-dir", str(tmp_path / "c"), "--tracking-uri", "ftp://nowhere/x"],
+         "ftp://nowhere/x"),
+    ]
+    for extra, needle in cases:
+        out = subprocess.run(base + extra, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2, out.stderr
+        assert needle in out.stderr
+        assert not list(Path(tmp_path).glob("*/checkpoint-*"))
+    if os.geteuid() != 0:  # root ignores permissions
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        out = subprocess.run(base + ["--state-dir", str(locked / "job")], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 2 and str(locked) in out.stderr
+
+
+def test_user_script_trains_through_the_same_api(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = subprocess.run([sys.executable, "-m", "ones_pipeline.train", "--spec", "examples/user_job.json",
+                          "--slots", "2", "--state-dir", str(tmp_path / "user"), "--tracking-uri", uri],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = (tmp_path / "user" / "result.json").read_text()
+    assert '"accuracy"' in result
+    progress = read_progress(uri, "ones", ["user-logreg"])["user-logreg"]
+    assert progress.status == "FINISHED" and progress.samples_done > 0
