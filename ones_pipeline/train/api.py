@@ -21,6 +21,7 @@ writes a checkpoint and ends the MLflow run as KILLED; ``batches()`` then ends a
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import math
@@ -46,6 +47,32 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
+# Seconds a rank waits in a collective for its peers before failing (a peer was killed).
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def system_metrics(gpu: bool) -> dict[str, float]:
+    """CPU and memory of this process (psutil), and GPU utilisation and memory (NVML), when present."""
+    out: dict[str, float] = {}
+    try:
+        import psutil
+
+        out["system_cpu_percent"] = float(psutil.cpu_percent(None))
+        out["system_rss_mb"] = psutil.Process().memory_info().rss / 2**20
+    except ImportError:
+        pass
+    if gpu:
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                out[f"system_gpu_{i}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                out[f"system_gpu_{i}_memory_mb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        except Exception:  # no NVML library or driver: CPU metrics only  # noqa: BLE001
+            pass
+    return out
 
 
 def spec_to_json(spec: JobSpec) -> str:
@@ -180,8 +207,10 @@ class TrainingSession:
             self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.p.world_size > 1:
             backend = "nccl" if self.p.device == "cuda" else "gloo"
+            # A bounded timeout: if a peer dies (kill -9), the others fail instead of waiting forever.
             dist.init_process_group(backend, init_method=f"tcp://{self.p.master_addr}:{self.p.master_port}",
-                                    rank=self.p.rank, world_size=self.p.world_size)
+                                    rank=self.p.rank, world_size=self.p.world_size,
+                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -284,16 +313,19 @@ class TrainingSession:
             self._step_times.append(elapsed)
             self._step_times = self._step_times[-THROUGHPUT_WINDOW:]
         self._set_lr()
-        self.epoch_ended = pr.position >= self.dataset_size
+        # An evaluation point: the end of an epoch, or the sample budget of an epochs/samples rule
+        # reached mid-epoch (e.g. 0.5 epochs).
+        self.epoch_ended = pr.position >= self.dataset_size or self._budget_reached()
         if loss is not None:
             self._last_loss = float(loss)
-        stop = self._agree_stop()
+        ckpt_due = time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended
+        stop, ckpt_due = self._agree(self._stop_wanted(), ckpt_due)
         if stop and self.epoch_ended:
             # Evaluate the finished epoch first (end_epoch), then stop: a resume must not skip it.
             self._pending_stop = True
         elif stop:
             self._stop("KILLED")
-        elif time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended:
+        elif ckpt_due:
             self.checkpoint()
 
     def _stop_wanted(self) -> bool:
@@ -304,11 +336,13 @@ class TrainingSession:
         # Orphaned (launcher killed): stop cleanly rather than train unsupervised.
         return self._launcher_pid is not None and os.getppid() != self._launcher_pid
 
-    def _agree_stop(self) -> bool:
-        flag = torch.tensor([1.0 if self._stop_wanted() else 0.0])
+    def _agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Every rank takes the same decisions (any rank's True wins): one all-reduce per step, so
+        collectives such as the checkpoint barrier are entered by all ranks or by none."""
+        t = torch.tensor([1.0 if f else 0.0 for f in flags])
         if self.p.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return tuple(bool(v > 0) for v in t.tolist())
 
     # -- reporting ----------------------------------------------------------------------------------
     def throughput(self) -> float | None:
@@ -329,6 +363,7 @@ class TrainingSession:
             out["step_time_s"] = float(np.median(self._step_times))
         if getattr(self, "_last_loss", None) is not None:
             out["loss"] = self._last_loss
+        out.update(system_metrics(self.p.device == "cuda"))
         return out
 
     def end_epoch(self, accuracy: float, loss: float | None = None) -> bool:
@@ -352,12 +387,15 @@ class TrainingSession:
             self._stop("KILLED")
         return self.finished
 
+    def _budget_reached(self) -> bool:
+        rule = self.spec.stopping
+        total = rule.total_samples(self.dataset_size)
+        return total is not None and self.progress.samples_done >= total - 1e-9
+
     def _stopping_rule_met(self) -> bool:
         rule, pr = self.spec.stopping, self.progress
-        if rule.kind is StopKind.EPOCHS:
-            return pr.samples_done >= rule.epochs * self.dataset_size - 1e-9
-        if rule.kind is StopKind.SAMPLES:
-            return pr.samples_done >= rule.samples
+        if rule.kind is not StopKind.ACCURACY:
+            return self._budget_reached()
         counters, _ = convergence_counters(pr.accuracies, rule.target_accuracy, rule.min_delta)
         return bool(counters[-1] >= rule.patience)
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# GPU check for the training step: run only on a machine with an NVIDIA GPU (the lent H200), as one
+# script within ~5 minutes. Prints: the NVML inventory, ResNet-18 throughput on 1 GPU at per-GPU batch
+# 64/128/256, the stop + resume time, and whether MLflow received GPU system metrics.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUT="${OUT:-$(mktemp -d)}"
+URI="sqlite:///$OUT/mlflow.db"
+"$PY" -m pip install --quiet nvidia-ml-py >/dev/null 2>&1 || true
+
+echo "== NVML inventory"
+"$PY" - <<'PY'
+import pynvml
+pynvml.nvmlInit()
+print("driver", pynvml.nvmlSystemGetDriverVersion())
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+    print(i, pynvml.nvmlDeviceGetName(h), f"{mem.total / 2**30:.0f} GiB", f"util {pynvml.nvmlDeviceGetUtilizationRates(h).gpu}%")
+PY
+
+echo "== ResNet-18 (synthetic CIFAR) throughput on GPU 0"
+for B in 64 128 256; do
+  "$PY" -m ones_pipeline.train --model resnet18-cifar-synthetic --name "gpu-r18-$B" --epochs 1 \
+    --per-gpu-batch "$B" --base-lr 0.01 --gpus 0 --state-dir "$OUT/r18-$B" --tracking-uri "$URI" >/dev/null 2>&1
+  "$PY" - "$URI" "gpu-r18-$B" "$B" <<'PY'
+import sys
+from ones_pipeline.adapters.mlflow_tracker import read_progress
+p = read_progress(sys.argv[1], "ones", [sys.argv[2]])[sys.argv[2]]
+gpu = {k: v for k, v in p.metrics.items() if k.startswith("system_gpu")}
+print(f"batch {sys.argv[3]}: {p.metrics.get('samples_per_s', float('nan')):.0f} samples/s; GPU system metrics: {gpu or 'MISSING'}")
+PY
+done
+
+echo "== stop + resume on GPU 0"
+"$PY" benchmarks/train_throughput.py --gpu --models resnet18-cifar-synthetic --slots 1 --batches 128 --epochs 0.5 \
+  2>&1 | tail -6 || echo "stop/resume benchmark failed"
