@@ -122,3 +122,38 @@ def test_user_script_trains_through_the_same_api(tmp_path):
     assert '"accuracy"' in result
     progress = read_progress(uri, "ones", ["user-logreg"])["user-logreg"]
     assert progress.status == "FINISHED" and progress.samples_done > 0
+
+
+def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_path):
+    """The Pipes protocol at its boundary (what PipesSubprocessClient provides): a context file with the
+    extras, a messages file the step writes to. No Dagster instance here; that is the code location's test."""
+    dagster_pipes = pytest.importorskip("dagster_pipes")
+    import json
+
+    from ones_pipeline.train.api import spec_to_json
+    from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+
+    spec = JobSpec(name="piped", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
+                   requested_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=2))
+    context = {"asset_keys": ["training_job"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
+               "partition_key": "piped", "partition_key_range": None, "partition_time_window": None,
+               "run_id": "run-1", "job_name": "train", "retry_number": 0,
+               "extras": {"spec": json.loads(spec_to_json(spec)), "slots": 2, "generation": 3,
+                          "state_dir": str(tmp_path / "state"), "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}}
+    ctx_file, msg_file = tmp_path / "context.json", tmp_path / "messages.jsonl"
+    ctx_file.write_text(json.dumps(context))
+    env = dict(os.environ,
+               DAGSTER_PIPES_CONTEXT=dagster_pipes.encode_env_var({"path": str(ctx_file)}),
+               DAGSTER_PIPES_MESSAGES=dagster_pipes.encode_env_var({"path": str(msg_file)}))
+    out = subprocess.run([sys.executable, "-m", "ones_pipeline.train"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    messages = [json.loads(line) for line in msg_file.read_text().splitlines() if line.strip()]
+    methods = [m["method"] for m in messages]
+    assert methods[0] == "opened" and methods[-1] == "closed"
+    materialized = [m for m in messages if m["method"] == "report_asset_materialization"]
+    assert len(materialized) == 1
+    metadata = materialized[0]["params"]["metadata"]
+    assert metadata["samples"]["raw_value"] == 2 * 1437 and metadata["generation"]["raw_value"] == 3
+    progress = read_progress(f"sqlite:///{tmp_path / 'm.db'}", "ones", ["piped"])["piped"]
+    assert progress.generation == 3 and progress.status == "FINISHED"

@@ -5,16 +5,24 @@ Standalone (no Dagster needed)::
     python -m ones_pipeline.train --model mlp-digits --name demo --epochs 5 --slots 2 \\
         --state-dir state/demo --tracking-uri sqlite:///state/mlflow.db
 
-or ``--spec job.json`` (JobSpec fields; ``stopping`` as an object). Exit 0 when the job finished or was
-stopped cleanly with a checkpoint; 2 on bad input (nothing started, nothing written); 1 on a failure.
+or ``--spec job.json`` (JobSpec fields; ``stopping`` as an object). Under Dagster Pipes (the
+``DAGSTER_PIPES_CONTEXT`` variable is set, e.g. by ``PipesSubprocessClient``) the allocation comes from
+the Pipes extras instead (``spec`` as an object, ``slots``, ``gpus``, ``global_batch``, ``lr``,
+``generation``, ``state_dir``, ``tracking_uri``, ``experiment``, ``grace_period_s``, ``seed``; missing
+ones fall back to the command line), and a finished job reports an asset materialization with its final
+accuracy, samples, epochs and restarts. Exit 0 when the job finished or was stopped cleanly with a
+checkpoint; 2 on bad input (nothing started, nothing written); 1 on a failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import Any, Mapping
 
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
 from ones_pipeline.train.api import spec_from_json
@@ -76,21 +84,77 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
                    base_lr=args.base_lr, max_lr=args.max_lr, requested_gpus=max(args.slots, 1), stopping=stopping)
 
 
+PIPES_KEYS = {"spec", "slots", "gpus", "global_batch", "lr", "generation", "state_dir", "tracking_uri",
+              "experiment", "grace_period_s", "seed", "in_container"}
+
+
+def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = None) -> LaunchRequest:
+    """The launch request from the command line, with Pipes extras (when given) taking precedence."""
+    extras = dict(extras or {})
+    unknown = set(extras) - PIPES_KEYS
+    if unknown:
+        raise LaunchError(f"Pipes extras: unknown keys {sorted(unknown)}; allowed: {sorted(PIPES_KEYS)}")
+    if "spec" in extras:
+        try:
+            spec = spec_from_json(json.dumps(extras["spec"]))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise LaunchError(f"Pipes extras: field 'spec' is not a valid job spec: {exc}") from exc
+    else:
+        spec = spec_from_args(args)
+    gpus = extras.get("gpus", [g for g in args.gpus.split(",") if g.strip()])
+    state_dir = extras.get("state_dir", args.state_dir)
+    if state_dir is None:
+        raise LaunchError("no state directory: give --state-dir or the Pipes extra 'state_dir'")
+    return LaunchRequest(
+        spec=spec, state_dir=Path(state_dir), slots=int(extras.get("slots", args.slots)),
+        gpus=tuple(int(g) for g in gpus), global_batch=extras.get("global_batch", args.global_batch),
+        lr=extras.get("lr", args.lr), generation=int(extras.get("generation", args.generation)),
+        tracking_uri=extras.get("tracking_uri", args.tracking_uri),
+        experiment=extras.get("experiment", args.experiment),
+        grace_period_s=float(extras.get("grace_period_s", args.grace_period)),
+        seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)))
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("ones_pipeline").setLevel(logging.INFO)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        for action in parser._actions:  # the extras may carry what is otherwise required
+            if action.dest == "state_dir":
+                action.required = False
+        return _main_under_pipes(parser.parse_args(argv))
+    args = parser.parse_args(argv)
     try:
-        spec = spec_from_args(args)
-        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
-        req = LaunchRequest(spec=spec, state_dir=args.state_dir, slots=args.slots, gpus=gpus,
-                            global_batch=args.global_batch, lr=args.lr, generation=args.generation,
-                            tracking_uri=args.tracking_uri, experiment=args.experiment,
-                            grace_period_s=args.grace_period, seed=args.seed, in_container=args.in_container)
-        return launch(req)
+        return launch(request_from(args))
     except (LaunchError, ValueError) as exc:
         print(f"ones train: {exc}", file=sys.stderr)
         return 2
+
+
+def _main_under_pipes(args: argparse.Namespace) -> int:
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        try:
+            req = request_from(args, pipes.extras)
+        except (LaunchError, ValueError) as exc:
+            pipes.log.error(f"ones train: {exc}")
+            print(f"ones train: {exc}", file=sys.stderr)
+            return 2
+        pipes.log.info(f"training {req.spec.name} generation {req.generation} on "
+                       f"{len(req.gpus) or req.slots} process(es)")
+        code = launch(req)
+        result_file = req.state_dir / "result.json"
+        if code == 0 and result_file.exists():
+            result = json.loads(result_file.read_text())
+            pipes.report_asset_materialization(metadata={
+                "accuracy": result.get("accuracy"), "samples": result.get("samples"),
+                "epochs": result.get("epochs"), "restarts": result.get("restarts"),
+                "generation": req.generation})
+        elif code == 0:
+            pipes.log.info(f"{req.spec.name}: stopped with a checkpoint; it resumes on its next allocation")
+        return code
 
 
 if __name__ == "__main__":
