@@ -26,8 +26,3 @@ def efficiency(gns, base_batch, global_batch) -> np.ndarray:
 
 def gns_or_prior(gns: float | None, base_batch: float) -> float:
     return float(gns) if gns is not None and gns > 0 else DEFAULT_GNS_OVER_BASE * float(base_batch)
-
-
-def goodput(throughput, gns, base_batch, global_batch) -> np.ndarray:
-    """Base-equivalent samples per second."""
-    return np.asarray(throughput, dtype=float) * efficiency(gns, base_batch, global_batch)

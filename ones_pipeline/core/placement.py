@@ -6,7 +6,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.types import Cluster, Schedule
+from ones_pipeline.core.types import Cluster
 
 
 def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
@@ -15,10 +15,6 @@ def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
     mask[list(taken)] = False
     return mask
 
-
-def taken_slots(schedule: Schedule, exclude: Iterable[str] = ()) -> list[int]:
-    skip = set(exclude)
-    return [g for name, a in schedule.allocations.items() if name not in skip for g in a.gpus]
 
 
 def place_consolidated(cluster: Cluster, free: np.ndarray, n: int, prefer: Sequence[int] = ()) -> list[int] | None:
@@ -104,14 +100,4 @@ def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
             continue
         out[name] = tuple(gpus)
         free[gpus] = False
-    return out
-
-
-def schedule_changes(old: Schedule, new: Schedule) -> Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Jobs whose GPUs or batch differ: name -> (old gpus, new gpus)."""
-    out = {}
-    for name in set(old.allocations) | set(new.allocations):
-        a, b = old.allocations.get(name), new.allocations.get(name)
-        if a is None or b is None or a.gpus != b.gpus or a.global_batch != b.global_batch:
-            out[name] = (a.gpus if a else (), b.gpus if b else ())
     return out

@@ -35,7 +35,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -577,8 +577,3 @@ def remaining_samples(view: JobView) -> float:
     if total is not None:
         return max(total - view.progress_samples, 0.0)
     return default_predictor().remaining(view)
-
-
-def remaining_samples_many(views: Iterable[JobView]) -> np.ndarray:
-    """:func:`remaining_samples` of several jobs."""
-    return np.array([remaining_samples(v) for v in views], dtype=float)

@@ -124,10 +124,3 @@ def _ridge_nonneg(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float)
         if not active.any():
             break
     return np.maximum(p, 0.0)
-
-
-def fit_from_view(observations: Sequence[ThroughputObs], fallback: np.ndarray | None = None) -> np.ndarray:
-    """Parameters for a job: fitted from its own observations, else ``fallback`` (e.g. same model's fit)."""
-    if observations:
-        return fit_params(observations)
-    return (np.asarray(fallback, dtype=float).copy() if fallback is not None else DEFAULT_PARAMS.copy())
