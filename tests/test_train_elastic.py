@@ -157,3 +157,17 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     assert metadata["samples"]["raw_value"] == 2 * 1437 and metadata["generation"]["raw_value"] == 3
     progress = read_progress(f"sqlite:///{tmp_path / 'm.db'}", "ones", ["piped"])["piped"]
     assert progress.generation == 3 and progress.status == "FINISHED"
+
+
+def test_launcher_kills_a_rank_that_hangs_after_rank_0_finished(tmp_path):
+    """A peer stuck in teardown must not hold its slots forever once rank 0 (checkpoint, MLflow) is done."""
+    from ones_pipeline.core.types import JobSpec
+    from ones_pipeline.train.launcher import run_training
+
+    script = tmp_path / "rank.py"
+    script.write_text("import os, time\nif os.environ['ONES_RANK'] != '0':\n    time.sleep(600)\n")
+    spec = JobSpec(name="hang", model="custom", dataset_size=10, per_gpu_batch=1, max_lr=1.0,
+                   command=(sys.executable, str(script)))
+    t0 = time.monotonic()
+    assert run_training(spec, tmp_path / "state", slots=2, grace_period_s=1.0) == 0
+    assert time.monotonic() - t0 < 30

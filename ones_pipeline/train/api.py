@@ -217,6 +217,13 @@ class TrainingSession:
         if exc_type is not None and self._run is not None:
             self._run.finish("FAILED")
         if dist.is_initialized():
+            if exc_type is None:
+                # Leave together: rank 0 hosts the rendezvous store, and a peer still tearing down
+                # its process group after rank 0 has gone can wait on it until the timeout.
+                try:
+                    dist.barrier()
+                except RuntimeError as err:  # a peer already gone: nothing left to wait for
+                    log.warning("final barrier failed: %s", err)
             dist.destroy_process_group()
         for sig, handler in self._prev_handlers.items():
             signal.signal(sig, handler)

@@ -79,7 +79,9 @@ def main() -> int:
             if session.progress.steps_done % LOG_EVERY_STEPS == 0:
                 session.log_step_metrics()
             if session.epoch_ended and not session.stopped:
-                acc, test_loss = evaluate(model, x_test, y_test, device) if session.is_main else (0.0, 0.0)
+                # The bare module, not the DDP wrapper: a forward on rank 0 alone must not enter a collective.
+                bare = model.module if hasattr(model, "module") else model
+                acc, test_loss = evaluate(bare, x_test, y_test, device) if session.is_main else (0.0, 0.0)
                 acc_t = torch.tensor([acc, test_loss])
                 if placement.world_size > 1:  # every rank applies the stopping rule to the same numbers
                     torch.distributed.broadcast(acc_t, src=0)

@@ -135,11 +135,24 @@ def launch(req: LaunchRequest) -> int:
             stop_file.touch()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    lingering_since: float | None = None
     try:
         while True:
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
+            if codes[0] == 0 and lingering_since is None:
+                lingering_since = time.monotonic()
+            if lingering_since is not None and time.monotonic() - lingering_since > req.grace_period_s:
+                # Rank 0 ended cleanly (its checkpoint and MLflow run are final) but a peer has not
+                # exited: it hangs in teardown. Do not let it hold the allocation.
+                stuck = [r for r, c in enumerate(codes) if c is None]
+                log.warning("job %s: rank(s) %s still running %.0f s after rank 0 exited cleanly: killing them",
+                            req.spec.name, stuck, req.grace_period_s)
+                for r in stuck:
+                    procs[r].kill()
+                    procs[r].wait()
+                return 0
             failed = [c for c in codes if c not in (None, 0)]
             if failed:
                 log.error("job %s: a training process exited with %s; stopping the others", req.spec.name, failed[0])
