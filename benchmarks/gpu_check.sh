@@ -9,6 +9,20 @@ OUT="${OUT:-$(mktemp -d)}"
 URI="sqlite:///$OUT/mlflow.db"
 "$PY" -m pip install --quiet nvidia-ml-py >/dev/null 2>&1 || true
 
+echo "== ones inventory (ones_pipeline.adapters.gpus.discover)"
+"$PY" -c "from ones_pipeline.adapters.gpus import discover
+inv = discover()
+print(inv.reason)
+row = '{:>3}  {:<28} {:>10} {:>10} {:>6}  {}'
+print(row.format('idx', 'name', 'used MiB', 'total MiB', 'util%', 'uuid'))
+for g in inv.gpus:
+    used = '?' if g.memory_used_mb is None else f'{g.memory_used_mb:.0f}'
+    util = '?' if g.utilization_percent is None else f'{g.utilization_percent:.0f}'
+    print(row.format(g.index, g.name, used, f'{g.memory_total_mb:.0f}', util, g.uuid or '?'))
+total = sum(g.memory_total_mb for g in inv.gpus) / 1024
+print(f'GPU count: {len(inv.gpus)}, memory {total:.0f} GiB; kind {inv.kind}, slots {list(inv.slot_ids)}')
+" || echo "ones inventory failed"
+
 echo "== NVML inventory"
 "$PY" - <<'PY'
 import pynvml

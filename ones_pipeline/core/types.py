@@ -332,3 +332,23 @@ class JobView:
     def known_total_samples(self) -> float | None:
         """Base-equivalent samples needed in total, when the stopping rule fixes them."""
         return self.spec.stopping.total_samples(self.spec.dataset_size)
+
+
+def spec_to_dict(spec: JobSpec) -> dict:
+    """JSON-able form of a spec (enums as their values, command as a list)."""
+    from dataclasses import asdict
+
+    data = asdict(spec)
+    data["stopping"] = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(spec.stopping).items()}
+    if data.get("command") is not None:
+        data["command"] = list(data["command"])
+    return data
+
+
+def spec_from_dict(data: Mapping) -> JobSpec:
+    """Inverse of ``spec_to_dict``."""
+    data = dict(data)
+    stopping = StoppingRule(**data.pop("stopping"))
+    if data.get("command") is not None:
+        data["command"] = tuple(data["command"])
+    return JobSpec(stopping=stopping, **data)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ones_pipeline.core.progress import convergence_counters
-from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+from ones_pipeline.core.types import JobSpec, StopKind, spec_from_dict, spec_to_dict
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from ones_pipeline.train.sampler import EpochOrder
 
@@ -76,17 +76,11 @@ def system_metrics(gpu: bool) -> dict[str, float]:
 
 
 def spec_to_json(spec: JobSpec) -> str:
-    data = asdict(spec)
-    data["stopping"] = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(spec.stopping).items()}
-    return json.dumps(data)
+    return json.dumps(spec_to_dict(spec))
 
 
 def spec_from_json(text: str) -> JobSpec:
-    data = json.loads(text)
-    stopping = StoppingRule(**data.pop("stopping"))
-    if data.get("command") is not None:
-        data["command"] = tuple(data["command"])
-    return JobSpec(stopping=stopping, **data)
+    return spec_from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)
