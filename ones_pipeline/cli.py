@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="parallel processes (default: one per policy, at most the CPU count)")
     sim.add_argument("--out", type=Path, default=None, help="directory for CSVs, summary.json and PNG plots")
     sim.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
+    from ones_pipeline.live_cli import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -117,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return cmd_simulate(args)
+        if args.command in ("init", "up", "run", "submit", "status"):
+            from ones_pipeline.live_cli import run_command
+
+            return run_command(args)
     except TraceError as exc:
         print(f"ones {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -42,14 +42,16 @@ def test_job_metrics_counts_running_span_up_to_now():
 
 
 def _known_cluster():
-    """2 slots over [0, 100]: a holds slot 0 for 90 s, b slot 1 for 40 s, unfinished c slot 1 from 80 s on."""
+    """2 slots over [0, 100]: a holds 100 slot-seconds (grown to 2 slots for 20 s), b 40, unfinished c 20 of its
+    running span inside the window."""
     jobs = [
-        FinishedJob("job-a", submit_s=0.0, finish_s=100.0, accuracy=0.91, samples=1000.0, restarts=1, model="resnet"),
+        FinishedJob("job-a", submit_s=0.0, finish_s=100.0, accuracy=0.91, samples=1000.0, restarts=2, model="resnet"),
         FinishedJob("job-b|x", submit_s=0.0, finish_s=60.0, accuracy=None, samples=None, restarts=0, model="bert"),
     ]
     spans = [
-        RunSpan("job-a", 0, (0,), 10.0, 50.0, "CANCELED"),
-        RunSpan("job-a", 1, (0,), 50.0, 100.0, "SUCCESS"),
+        RunSpan("job-a", 0, (0,), 10.0, 50.0, "CANCELED"),  # 40 slot-s
+        RunSpan("job-a", 1, (0, 1), 60.0, 80.0, "CANCELED"),  # 40 slot-s, after b left slot 1
+        RunSpan("job-a", 2, (0,), 80.0, 100.0, "SUCCESS"),  # 20 slot-s, c took slot 1
         RunSpan("job-b|x", 0, (1,), 20.0, 60.0, "SUCCESS"),
         RunSpan("job-c", 0, (1,), 80.0, None, "STARTED"),  # counts 20 s inside the window
     ]
@@ -66,17 +68,17 @@ def test_build_report_writes_files_and_computes_summary(tmp_path):
 
     s = report.summary
     assert set(s) == set(SUMMARY_KEYS)
-    assert s["jobs"] == 2 and s["restarts"] == 1
+    assert s["jobs"] == 2 and s["restarts"] == 2
     assert s["makespan_s"] == 100.0
-    assert s["utilisation"] == pytest.approx((90 + 40 + 20) / (2 * 100))
-    assert s["gpu_s"] == 130.0
+    assert s["utilisation"] == pytest.approx((100 + 40 + 20) / (2 * 100))
+    assert s["gpu_s"] == 140.0
     assert (s["mean_jct_s"], s["median_jct_s"]) == (80.0, 80.0)
     assert s["p95_jct_s"] == pytest.approx(98.0)
 
     t = report.table
     assert list(t.columns) == list(TABLE_COLUMNS)
     assert list(t["job"]) == ["job-b|x", "job-a"]  # in order of finish
-    assert list(t["generations"]) == [1, 2] and list(t["wait_s"]) == [20.0, 10.0]
+    assert list(t["generations"]) == [1, 3] and list(t["wait_s"]) == [20.0, 10.0]
     assert np.isnan(t["accuracy"].iloc[0]) and t["accuracy"].iloc[1] == 0.91
 
     pd.testing.assert_frame_equal(pd.read_csv(report.files["csv"]), t)
@@ -87,8 +89,9 @@ def test_build_report_writes_files_and_computes_summary(tmp_path):
         _assert_png(report.files[key])
 
     assert "job-a" in report.markdown and "job-b\\|x" in report.markdown  # the pipe is escaped
-    assert "75%" in report.markdown
-    assert report.markdown.count("\n| ") == 3  # header + 2 rows
+    assert "80%" in report.markdown
+    rows = [line for line in report.markdown.splitlines() if line.startswith("| ")]
+    assert len(rows) == 3  # header + 2 jobs
 
 
 def test_build_report_rewrites_files_in_place(tmp_path):

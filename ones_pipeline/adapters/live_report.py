@@ -268,8 +268,8 @@ def plot_jct_cdf(table: pd.DataFrame, path: Path, title: str = "") -> Path:
     if jct_min.size:
         frac = np.arange(1, jct_min.size + 1) / jct_min.size
         # Start the curve at (0, 0) so one job still draws a visible step.
-        ax.step(np.r_[0.0, jct_min], np.r_[0.0, frac], where="post", lw=2)
-        ax.plot(jct_min, frac, "o", ms=3)
+        ax.step(np.r_[0.0, jct_min], np.r_[0.0, frac], where="post", lw=2, color="C0")
+        ax.plot(jct_min, frac, "o", ms=3, color="C0")
         ax.axvline(np.mean(jct_min), color="k", lw=0.8, ls="--", label=f"mean {np.mean(jct_min):.1f} min")
         ax.set_xlim(0, jct_min[-1] * 1.05 if jct_min[-1] > 0 else 1.0)
         ax.set_ylim(0, 1.02)
@@ -329,8 +329,12 @@ def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_s
         ax.axvline((now - t0) / 60.0, color="k", lw=0.8, ls=":")
 
     slots_seen = [slot for s, _ in started for slot in s.slot_ids]
-    ax.set_ylim(min([0] + slots_seen) - 0.6, max([num_slots - 1] + slots_seen) + 0.6)
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=min(16, max(num_slots, 1))))
+    lo, hi = min([0] + slots_seen), max([num_slots - 1] + slots_seen)
+    ax.set_ylim(lo - 0.6, hi + 0.6)
+    if hi - lo < 16:
+        ax.set_yticks(range(lo, hi + 1))
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
     ax.set_xlim(0, x_range_min * 1.02)
     ax.set_xlabel("minutes since the first submit")
     ax.set_ylabel("slot")

@@ -104,6 +104,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
             context.log.warning(f"could not cancel run {c.run_id}: {exc}")
     for job, why in plan.newly_failed.items():
         context.log.error(f"job {job} marked failed: {why}")
+    if plan.newly_failed:
+        _write_json(env.state_dir / "failed_jobs.json", plan.cursor["failed"])
 
     # 6. run requests for the new allocations.
     requests = []
@@ -141,15 +143,19 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                            dynamic_partitions_requests=partition_requests, asset_events=events, skip_reason=skip)
 
 
-def _write_errors(env: EnvConfig, errors: list[ConfigError]) -> None:
-    path = env.state_dir / "spec_errors.json"
+def _write_json(path, data) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"file": e.path, "field": e.field, "message": str(e)} for e in errors]))
+        tmp.write_text(json.dumps(data))
         tmp.replace(path)
     except OSError:
         pass
+
+
+def _write_errors(env: EnvConfig, errors: list[ConfigError]) -> None:
+    _write_json(env.state_dir / "spec_errors.json",
+                [{"file": e.path, "field": e.field, "message": str(e)} for e in errors])
 
 
 def build_scheduler_sensor(tick_interval_s: int) -> dg.SensorDefinition:

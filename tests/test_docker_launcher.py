@@ -1,0 +1,476 @@
+"""The Docker launcher: container spec, Pipes round trip, cleanup, start failures and stops.
+
+Most tests fake the engine at the docker SDK boundary (``docker.client.from_env``, which
+``PipesDockerClient`` calls, and ``docker.from_env``): ``containers.create`` turns its kwargs into the
+request body the real SDK would send, and a container's ``start()`` runs the command as a real local
+process with the environment Pipes built, so the training step, its Pipes messages (read from the log
+stream, as ``PipesDockerLogsMessageReader`` does) and its materialization are all real. The test marked
+``docker`` runs one job in a real container (``scripts/dockerd.sh`` and ``scripts/docker_shim_image.sh``
+provide the engine and image) and skips when there is none.
+"""
+
+import builtins
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+dg = pytest.importorskip("dagster")
+docker = pytest.importorskip("docker")
+pytest.importorskip("dagster_docker")
+pytest.importorskip("torch")
+pytest.importorskip("mlflow")
+
+import docker.errors  # noqa: E402
+import docker.models.containers  # noqa: E402
+from dagster._core.errors import DagsterExecutionInterruptedError  # noqa: E402
+
+from ones_pipeline.adapters.docker_containers import (  # noqa: E402
+    LABEL_GENERATION,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    cleanup_containers,
+    container_kwargs,
+    docker_available,
+)
+from ones_pipeline.config import DockerConfig  # noqa: E402
+from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule  # noqa: E402
+from ones_pipeline.defs.docker_launcher import run_docker_step  # noqa: E402
+from ones_pipeline.train.api import spec_to_json  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE = "ones-shim:local"
+JOBS = dg.DynamicPartitionsDefinition(name="jobs")
+API_VERSION = "1.41"  # what the host's docker.io 20.10 speaks
+
+
+# -- a fake engine at the docker SDK boundary -------------------------------------------------------------
+class _RequestRecorder(docker.api.APIClient):
+    """Builds the JSON body of POST /containers/create exactly as the SDK does, and sends nothing."""
+
+    def __init__(self):
+        super().__init__(base_url="unix:///nonexistent.sock", version=API_VERSION)
+        self.body = None
+
+    def create_container_from_config(self, config, name=None, platform=None):
+        self.body = config
+        return {"Id": "unused"}
+
+
+class FakeContainer:
+    _ids = itertools.count(1)
+
+    def __init__(self, engine, kwargs, body, labels=None, status="created"):
+        self.engine, self.kwargs, self.body = engine, kwargs, body
+        self.id = f"fake{next(self._ids):08d}"
+        self.short_id = self.id[:10]
+        self.labels = dict(labels if labels is not None else kwargs.get("labels") or {})
+        self.status = status
+        self.proc = None
+        self.calls = []  # ("start",), ("logs", kwargs), ("wait",), ("stop", timeout, exit code), ("remove", force)
+
+    def start(self):
+        self.calls.append(("start",))
+        if self.engine.start_error is not None:
+            raise self.engine.start_error
+        command = list(self.kwargs["command"])
+        if command[0] == self.engine.python:  # the image's interpreter: this test's own
+            command[0] = sys.executable
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), **self.kwargs["environment"]}
+        # Like PID 1 of a container: its own session, signalled alone by stop(); working directory /.
+        self.proc = subprocess.Popen(command, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.status = "running"
+
+    def logs(self, **kwargs):
+        self.calls.append(("logs", kwargs))
+        assert kwargs.get("stream") and kwargs.get("follow") and kwargs.get("stderr"), kwargs
+        lines: queue.Queue = queue.Queue()
+
+        def pump():
+            for line in self.proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=0.1)
+            except queue.Empty:
+                line = b""
+            if line is None:
+                return
+            if line:
+                self.engine.log_lines.append(line)
+                yield line
+            if self.engine.interrupt_when is not None and self.engine.interrupt_when():
+                # What Dagster raises in the step when the run is terminated.
+                raise DagsterExecutionInterruptedError("run terminated (test)")
+
+    def wait(self, **kwargs):
+        self.calls.append(("wait",))
+        rc = self.proc.wait()
+        self.status = "exited"
+        return {"StatusCode": rc if rc >= 0 else 128 - rc, "Error": None}
+
+    def stop(self, timeout=None):
+        rc = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = self.proc.wait(timeout if timeout is not None else self.kwargs.get("stop_timeout", 10))
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rc = self.proc.wait()
+        self.calls.append(("stop", timeout, rc))
+        self.status = "exited"
+
+    def remove(self, force=False):
+        self.calls.append(("remove", force))
+        if self.status == "running" and not force:
+            raise docker.errors.APIError("cannot remove a running container")
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.engine.containers.items.remove(self)
+        self.engine.removed.append(self)
+
+    def reload(self):
+        pass
+
+
+class FakeContainers:
+    def __init__(self, engine):
+        self.engine = engine
+        self.items = []
+
+    def create(self, image, command=None, **kwargs):
+        if image not in self.engine.images.tags:
+            raise docker.errors.ImageNotFound(f"No such image: {image}")
+        # The SDK's own translation (private helper; test only): unknown or badly typed kwargs fail here
+        # as they would against a real engine, and the body shows what the engine would receive.
+        sdk_kwargs = docker.models.containers._create_container_args(
+            {**kwargs, "image": image, "command": command, "version": API_VERSION})
+        recorder = _RequestRecorder()
+        recorder.create_container(**sdk_kwargs)
+        container = FakeContainer(self.engine, {**kwargs, "image": image, "command": command}, recorder.body)
+        self.items.append(container)
+        self.engine.created.append(container)
+        return container
+
+    def list(self, all=False, filters=None):
+        filters = dict(filters or {})
+        labels = filters.pop("label", [])
+        labels = [labels] if isinstance(labels, str) else labels
+        states = filters.pop("status", None)
+        states = [states] if isinstance(states, str) else states
+        assert not filters, f"fake engine: unsupported filters {filters}"
+
+        def label_ok(c, f):
+            key, _, value = f.partition("=")
+            return key in c.labels and (not _ or c.labels[key] == value)
+
+        return [c for c in self.items
+                if (all or c.status == "running") and builtins.all(label_ok(c, f) for f in labels)
+                and (states is None or c.status in states)]
+
+
+class FakeImages:
+    def __init__(self, tags):
+        self.tags = set(tags)
+        self.pulls = []
+
+    def get(self, name):
+        if name not in self.tags:
+            raise docker.errors.ImageNotFound(f"No such image: {name}")
+        return name
+
+    def pull(self, name, **kwargs):
+        self.pulls.append(name)
+        raise docker.errors.APIError(f"pull access denied for {name}: no registry reachable (fake)")
+
+
+class FakeDocker:
+    def __init__(self, python="python", images=(IMAGE,)):
+        self.python = python
+        self.images = FakeImages(images)
+        self.containers = FakeContainers(self)
+        self.created, self.removed, self.log_lines = [], [], []
+        self.start_error = None
+        self.interrupt_when = None
+
+    def ping(self):
+        return True
+
+    def close(self):
+        pass
+
+    def add_leftover(self, labels, status):
+        c = FakeContainer(self, {}, None, labels=labels, status=status)
+        self.containers.items.append(c)
+        return c
+
+
+@pytest.fixture
+def fake_docker(monkeypatch):
+    engine = FakeDocker()
+    monkeypatch.setattr(docker.client, "from_env", lambda *a, **k: engine)
+    monkeypatch.setattr(docker, "from_env", lambda *a, **k: engine)
+    yield engine
+    for c in engine.created:  # never leave a training process behind a failed test
+        if c.proc is not None and c.proc.poll() is None:
+            c.proc.kill()
+            c.proc.wait()
+
+
+# -- the job and the Dagster side ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mlflow_template(tmp_path_factory):
+    """An MLflow sqlite store with its schema and experiment, copied per test (creating one takes seconds)."""
+    from ones_pipeline.adapters.mlflow_tracker import ensure_store
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    ensure_store(f"sqlite:///{path}", "ones")
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path, mlflow_template):
+    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
+    return tmp_path
+
+
+def tiny_extras(workdir: Path, job: str, epochs: float = 1) -> dict:
+    spec = JobSpec(name=job, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
+    return {"spec": json.loads(spec_to_json(spec)), "slots": 1, "gpus": [], "global_batch": 32, "lr": 0.05,
+            "generation": 0, "state_dir": str(workdir / "state"), "tracking_uri": f"sqlite:///{workdir}/mlflow.db",
+            "experiment": "ones"}
+
+
+def materialize_job(cfg, job, extras, workdir, gpus=(), env=None, raise_on_error=True):
+    state_dir = Path(extras["state_dir"])
+
+    @dg.asset(partitions_def=JOBS, name="training_job")
+    def training_job(context: dg.AssetExecutionContext):
+        invocation = run_docker_step(context, cfg, context.partition_key, extras["generation"], list(gpus),
+                                     extras, dict(env or {}), state_dir, [workdir])
+        return invocation.get_materialize_result()
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("jobs", [job])
+        result = dg.materialize([training_job], partition_key=job, instance=instance, raise_on_error=raise_on_error)
+        materialization = instance.get_latest_materialization_event(dg.AssetKey("training_job"))
+    return result, materialization
+
+
+def step_error(result) -> str:
+    failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failures, "the step did not fail"
+    error = failures[0].step_failure_data.error
+    messages = []
+    while error is not None:
+        messages.append(error.message)
+        error = error.cause
+    return "\n".join(messages)
+
+
+# -- container spec --------------------------------------------------------------------------------------
+def test_container_kwargs_gpus_mounts_labels(tmp_path):
+    cfg = DockerConfig(image=IMAGE, shm_size="2g", volumes=(("/data/sets", "/data", "ro"),), user="1000:1000",
+                       stop_timeout_s=45)
+    state = tmp_path / "state"
+    kw = container_kwargs(cfg, "mlp-a", 3, [0, 3], state, [tmp_path / "mlflow", state])
+
+    assert not {"image", "command", "environment"} & set(kw)  # PipesDockerClient passes those
+    assert kw["labels"] == {LABEL_MANAGED: "true", LABEL_JOB: "mlp-a", LABEL_GENERATION: "3"}
+    assert kw["volumes"] == {"/data/sets": {"bind": "/data", "mode": "ro"},
+                             str(state): {"bind": str(state), "mode": "rw"},
+                             str(tmp_path / "mlflow"): {"bind": str(tmp_path / "mlflow"), "mode": "rw"}}
+    assert (kw["shm_size"], kw["network_mode"], kw["init"], kw["user"], kw["stop_timeout"]) == \
+        ("2g", "none", True, "1000:1000", 45)
+    (request,) = kw["device_requests"]
+    assert request == {"Driver": "", "Count": 0, "DeviceIDs": ["0", "3"], "Capabilities": [["gpu"]], "Options": {}}
+
+    cpu = container_kwargs(DockerConfig(image=IMAGE), "mlp-a", 0, [], state)
+    assert "device_requests" not in cpu and "user" not in cpu
+    with pytest.raises(ValueError, match="mode 'rx'"):
+        container_kwargs(DockerConfig(image=IMAGE, volumes=(("/a", "/b", "rx"),)), "mlp-a", 0, [], state)
+    with pytest.raises(ValueError, match="already mounted at /b"):
+        container_kwargs(DockerConfig(image=IMAGE, volumes=((str(state), "/b", "ro"),)), "mlp-a", 0, [], state)
+
+
+def test_cleanup_removes_only_finished_containers_of_ours(fake_docker):
+    def labels(job, gen, managed="true"):
+        return {LABEL_MANAGED: managed, LABEL_JOB: job, LABEL_GENERATION: str(gen)}
+
+    a0 = fake_docker.add_leftover(labels("a", 0), "exited")
+    a1 = fake_docker.add_leftover(labels("a", 1), "created")
+    a2_running = fake_docker.add_leftover(labels("a", 2), "running")
+    b0 = fake_docker.add_leftover(labels("b", 0), "dead")
+    foreign = fake_docker.add_leftover(labels("a", 0, managed="false"), "exited")
+    unlabelled = fake_docker.add_leftover({}, "exited")
+
+    assert cleanup_containers(fake_docker, job="a", generation=1) == 1
+    assert fake_docker.removed == [a1]
+    assert cleanup_containers(fake_docker, job="a") == 1
+    assert fake_docker.removed == [a1, a0]
+    assert cleanup_containers(fake_docker) == 1
+    assert fake_docker.removed == [a1, a0, b0]
+    assert set(fake_docker.containers.items) == {a2_running, foreign, unlabelled}
+    assert all(("remove", True) in c.calls for c in fake_docker.removed)
+
+
+def test_docker_available_false_without_engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    t0 = time.monotonic()
+    assert docker_available(timeout_s=2) is False
+    assert time.monotonic() - t0 < 5
+
+
+# -- the Pipes round trip through the fake engine -----------------------------------------------------
+def test_trains_in_fake_container_and_removes_it(fake_docker, workdir):
+    job = "mlp-docker"
+    leftover = fake_docker.add_leftover({LABEL_MANAGED: "true", LABEL_JOB: job, LABEL_GENERATION: "7"}, "exited")
+    other_job = fake_docker.add_leftover({LABEL_MANAGED: "true", LABEL_JOB: "other", LABEL_GENERATION: "0"}, "exited")
+    cfg = DockerConfig(image=IMAGE, environment={"ONES_TEST_MARK": "from-config", "CUDA_VISIBLE_DEVICES": "5"})
+    extras = tiny_extras(workdir, job)
+
+    result, materialization = materialize_job(cfg, job, extras, workdir, env={"ONES_STEP_ENV": "1"})
+
+    assert result.success
+    (container,) = fake_docker.created
+    kw, body = container.kwargs, container.body
+    assert kw["image"] == IMAGE and kw["command"] == ["python", "-m", "ones_pipeline.train"]
+    assert kw["labels"] == {LABEL_MANAGED: "true", LABEL_JOB: job, LABEL_GENERATION: "0"}
+    state = str(workdir / "state")
+    assert kw["volumes"][state] == {"bind": state, "mode": "rw"}
+    assert kw["volumes"][str(workdir)] == {"bind": str(workdir), "mode": "rw"}  # the MLflow sqlite file
+    assert (kw["shm_size"], kw["network_mode"], kw["init"]) == ("1g", "none", True)
+    assert "device_requests" not in kw
+    env = kw["environment"]
+    assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= set(env)
+    assert env["ONES_TEST_MARK"] == "from-config" and env["ONES_STEP_ENV"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in env  # host GPU ids are wrong inside a container
+    # What the engine would have received.
+    host = body["HostConfig"]
+    assert sorted(host["Binds"]) == sorted([f"{state}:{state}:rw", f"{workdir}:{workdir}:rw"])
+    assert (host["NetworkMode"], host["Init"], host["ShmSize"]) == ("none", True, 2**30)
+    assert body["Labels"][LABEL_JOB] == job and "ONES_TEST_MARK=from-config" in body["Env"]
+    assert body["StopTimeout"] == 30
+
+    # The step's own materialization came back through the log stream.
+    metadata = materialization.asset_materialization.metadata
+    assert metadata["accuracy"].value > 0.5
+    assert metadata["samples"].value == 1437 and metadata["generation"].value == 0
+    assert materialization.asset_materialization.partition == job
+    assert any(b"__dagster_pipes_version" in line for line in fake_docker.log_lines)  # messages came via logs
+    assert json.loads((workdir / "state" / "result.json").read_text())["samples"] == 1437
+
+    # Pipes stopped it, we removed it; the job's leftover went before the start, the other job's stays.
+    assert [c[0] for c in container.calls] == ["start", "logs", "wait", "stop", "remove"]
+    assert container.calls[3][2] is None  # it had already exited when stopped
+    assert fake_docker.removed == [leftover, container]
+    assert fake_docker.containers.items == [other_job]
+
+
+def test_gpu_start_failure_is_clear_and_removes_the_container(fake_docker, workdir):
+    fake_docker.start_error = docker.errors.APIError(
+        'could not select device driver "" with capabilities: [[gpu]]')
+    job = "gpu-job"
+    result, materialization = materialize_job(DockerConfig(image=IMAGE), job, tiny_extras(workdir, job), workdir,
+                                              gpus=[0, 3], raise_on_error=False)
+
+    assert not result.success and materialization is None
+    message = step_error(result)
+    assert f"job {job} generation 0" in message and "could not select device driver" in message
+    assert "NVIDIA Container Toolkit" in message
+    (container,) = fake_docker.created
+    (request,) = container.body["HostConfig"]["DeviceRequests"]
+    assert request["DeviceIDs"] == ["0", "3"] and request["Capabilities"] == [["gpu"]]
+    # PipesDockerClient leaves a container whose start failed; the launcher removes it.
+    assert container.calls == [("start",), ("remove", True)]
+    assert fake_docker.containers.items == []
+
+
+def test_missing_image_fails_before_creating_anything(fake_docker, workdir):
+    job = "no-image"
+    cfg = DockerConfig(image="ones-missing:local")
+    result, _ = materialize_job(cfg, job, tiny_extras(workdir, job), workdir, raise_on_error=False)
+
+    assert not result.success
+    message = step_error(result)
+    assert "ones-missing:local" in message and "docker_shim_image.sh" in message
+    assert fake_docker.images.pulls == ["ones-missing:local"] and fake_docker.created == []
+
+
+def test_interrupt_stops_container_which_checkpoints_then_is_removed(fake_docker, workdir):
+    """A run termination inside the step: PipesDockerClient's finally stops the container (SIGTERM to
+    its main process), the trainer checkpoints and exits 0, and the launcher removes the container."""
+    job = "stopped-job"
+    extras = tiny_extras(workdir, job, epochs=50)
+    run_id_file = workdir / "state" / "mlflow_run_id"
+    fake_docker.interrupt_when = run_id_file.exists  # the trainer is up and training
+
+    result, materialization = materialize_job(DockerConfig(image=IMAGE), job, extras, workdir, raise_on_error=False)
+
+    assert not result.success and materialization is None
+    (container,) = fake_docker.created
+    names = [c[0] for c in container.calls]
+    assert names == ["start", "logs", "stop", "remove"]  # no wait(): interrupted while streaming logs
+    _, timeout, exit_code = container.calls[2]
+    assert timeout is None  # so the engine applies the container's StopTimeout (cfg.stop_timeout_s)
+    assert exit_code == 0  # stopped cleanly within the grace period
+    assert (workdir / "state" / "checkpoint-latest.pt").exists()
+    assert not (workdir / "state" / "result.json").exists()
+    assert fake_docker.containers.items == []
+
+
+# -- a real engine ----------------------------------------------------------------------------------------
+def _engine_with_image():
+    if not docker_available():
+        return None
+    client = docker.from_env()
+    try:
+        client.images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        client.close()
+        return None
+    return client
+
+
+@pytest.mark.docker
+def test_trains_in_real_container(workdir):
+    client = _engine_with_image()
+    if client is None:
+        pytest.skip(f"no Docker engine with image {IMAGE} (scripts/dockerd.sh start; scripts/docker_shim_image.sh)")
+    prefix = Path(sys.base_prefix).resolve()
+    volumes = [("/usr", "/usr", "ro"), ("/etc", "/etc", "ro"), (str(ROOT), str(ROOT), "ro")]
+    if not prefix.is_relative_to("/usr"):
+        volumes.append((str(prefix), str(prefix), "ro"))
+    venv = Path(sys.prefix)
+    if not venv.is_relative_to(ROOT) and not venv.is_relative_to(prefix):
+        volumes.append((str(venv), str(venv), "ro"))
+    job = "mlp-real-docker"
+    cfg = DockerConfig(image=IMAGE, python=sys.executable, volumes=tuple(volumes),
+                       environment={"HOME": str(workdir), "MLFLOW_DISABLE_TELEMETRY": "true"})
+    try:
+        result, materialization = materialize_job(cfg, job, tiny_extras(workdir, job), workdir)
+        assert result.success
+        metadata = materialization.asset_materialization.metadata
+        assert metadata["accuracy"].value > 0.5 and metadata["samples"].value == 1437
+        assert json.loads((workdir / "state" / "result.json").read_text())["samples"] == 1437
+        left = client.containers.list(all=True, filters={"label": [f"{LABEL_MANAGED}=true", f"{LABEL_JOB}={job}"]})
+        assert left == []
+    finally:
+        cleanup_containers(client, job)
+        client.close()
