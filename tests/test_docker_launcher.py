@@ -127,7 +127,7 @@ class FakeContainer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                rc = self.proc.wait(timeout if timeout is not None else self.kwargs.get("stop_timeout", 10))
+                rc = self.proc.wait(timeout if timeout is not None else 10)  # Docker's default
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 rc = self.proc.wait()
@@ -287,7 +287,7 @@ def step_error(result) -> str:
 # -- container spec --------------------------------------------------------------------------------------
 def test_container_kwargs_gpus_mounts_labels(tmp_path):
     cfg = DockerConfig(image=IMAGE, shm_size="2g", volumes=(("/data/sets", "/data", "ro"),), user="1000:1000",
-                       stop_timeout_s=45)
+                       stop_timeout_s=44.5)
     state = tmp_path / "state"
     kw = container_kwargs(cfg, "mlp-a", 3, [0, 3], state, [tmp_path / "mlflow", state])
 
@@ -296,8 +296,7 @@ def test_container_kwargs_gpus_mounts_labels(tmp_path):
     assert kw["volumes"] == {"/data/sets": {"bind": "/data", "mode": "ro"},
                              str(state): {"bind": str(state), "mode": "rw"},
                              str(tmp_path / "mlflow"): {"bind": str(tmp_path / "mlflow"), "mode": "rw"}}
-    assert (kw["shm_size"], kw["network_mode"], kw["init"], kw["user"], kw["stop_timeout"]) == \
-        ("2g", "none", True, "1000:1000", 45)
+    assert (kw["shm_size"], kw["network_mode"], kw["init"], kw["user"]) == ("2g", "none", True, "1000:1000")
     (request,) = kw["device_requests"]
     assert request == {"Driver": "", "Count": 0, "DeviceIDs": ["0", "3"], "Capabilities": [["gpu"]], "Options": {}}
 
@@ -366,7 +365,6 @@ def test_trains_in_fake_container_and_removes_it(fake_docker, workdir):
     assert sorted(host["Binds"]) == sorted([f"{state}:{state}:rw", f"{workdir}:{workdir}:rw"])
     assert (host["NetworkMode"], host["Init"], host["ShmSize"]) == ("none", True, 2**30)
     assert body["Labels"][LABEL_JOB] == job and "ONES_TEST_MARK=from-config" in body["Env"]
-    assert body["StopTimeout"] == 30
 
     # The step's own materialization came back through the log stream.
     metadata = materialization.asset_materialization.metadata
@@ -378,7 +376,7 @@ def test_trains_in_fake_container_and_removes_it(fake_docker, workdir):
 
     # Pipes stopped it, we removed it; the job's leftover went before the start, the other job's stays.
     assert [c[0] for c in container.calls] == ["start", "logs", "wait", "stop", "remove"]
-    assert container.calls[3][2] is None  # it had already exited when stopped
+    assert container.calls[3][1:] == (30, None)  # cfg.stop_timeout_s; it had already exited
     assert fake_docker.removed == [leftover, container]
     assert fake_docker.containers.items == [other_job]
 
@@ -421,14 +419,15 @@ def test_interrupt_stops_container_which_checkpoints_then_is_removed(fake_docker
     run_id_file = workdir / "state" / "mlflow_run_id"
     fake_docker.interrupt_when = run_id_file.exists  # the trainer is up and training
 
-    result, materialization = materialize_job(DockerConfig(image=IMAGE), job, extras, workdir, raise_on_error=False)
+    cfg = DockerConfig(image=IMAGE, stop_timeout_s=11.2)
+    result, materialization = materialize_job(cfg, job, extras, workdir, raise_on_error=False)
 
     assert not result.success and materialization is None
     (container,) = fake_docker.created
     names = [c[0] for c in container.calls]
     assert names == ["start", "logs", "stop", "remove"]  # no wait(): interrupted while streaming logs
     _, timeout, exit_code = container.calls[2]
-    assert timeout is None  # so the engine applies the container's StopTimeout (cfg.stop_timeout_s)
+    assert timeout == 12  # cfg.stop_timeout_s rather than Docker's 10 s
     assert exit_code == 0  # stopped cleanly within the grace period
     assert (workdir / "state" / "checkpoint-latest.pt").exists()
     assert not (workdir / "state" / "result.json").exists()

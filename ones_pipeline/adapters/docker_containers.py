@@ -1,8 +1,10 @@
 """Containers for the training step, through the docker SDK only (no Dagster here).
 
 ``container_kwargs`` builds what ``dagster_docker.PipesDockerClient.run(container_kwargs=...)`` forwards
-to ``client.containers.create``: GPU device requests, labels, bind mounts, shared memory, network, init,
-user and stop timeout. Image, command and environment are not in it: the Pipes client passes those.
+to ``client.containers.create``: GPU device requests, labels, bind mounts, shared memory, network, init
+and user. Image, command and environment are not in it: the Pipes client passes those. (The SDK's
+``containers.create`` cannot set a stop timeout; the launcher passes ``cfg.stop_timeout_s`` to
+``stop()`` instead.)
 
 Every container we create carries three labels, so that what Docker leaves behind can be found and
 removed (``PipesDockerClient`` never removes a container, and leaks the created one when ``start()``
@@ -14,6 +16,7 @@ fails)::
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -32,6 +35,11 @@ LABEL_MANAGED = "ones.managed"
 # States of a container that holds nothing any more: safe to remove without stopping anything.
 FINISHED_STATES = ("created", "exited", "dead")
 VOLUME_MODES = ("ro", "rw")
+
+
+def stop_timeout(seconds: float) -> int:
+    """Seconds between SIGTERM and SIGKILL for ``container.stop(timeout=...)`` (the API takes whole seconds)."""
+    return max(0, math.ceil(seconds))
 
 
 def container_labels(job: str, generation: int) -> dict[str, str]:
@@ -83,9 +91,6 @@ def container_kwargs(cfg: DockerConfig, job: str, generation: int, gpus: Sequenc
         "shm_size": cfg.shm_size,
         "network_mode": cfg.network,
         "init": cfg.init,
-        # docker stop without an explicit timeout (PipesDockerClient's finally) waits this long between
-        # SIGTERM and SIGKILL: longer than the trainer's grace period, so the checkpoint gets written.
-        "stop_timeout": max(1, int(round(cfg.stop_timeout_s))),
     }
     if cfg.user is not None:
         kwargs["user"] = cfg.user
@@ -134,7 +139,7 @@ def stop_containers(client: Any, job: str, timeout_s: float) -> int:
         log.warning("job %s: container %s (generation %s) is still running: stopping it", job,
                     getattr(container, "short_id", "?"), (container.labels or {}).get(LABEL_GENERATION))
         try:
-            container.stop(timeout=max(1, int(round(timeout_s))))
+            container.stop(timeout=stop_timeout(timeout_s))
             stopped += 1
         except docker.errors.NotFound:
             pass

@@ -6,7 +6,10 @@ No ``from __future__ import annotations`` here: Dagster resolves annotations at 
 step's messages from the container's log stream (stderr). It stops the container in a ``finally`` but
 never removes it, and leaks the created container when ``start()`` fails (a GPU request without the
 NVIDIA runtime does): this module removes the job's leftovers before the start and this generation's
-containers afterwards, whatever happened.
+containers afterwards, whatever happened. Its ``stop()`` carries no timeout, so Docker would SIGKILL
+10 s after SIGTERM, and the SDK's ``containers.create`` cannot set the container's own StopTimeout:
+``OnesPipesDockerClient`` hands it a container whose ``stop()`` waits ``cfg.stop_timeout_s`` (longer
+than the trainer's grace period, so the checkpoint gets written).
 """
 
 from collections.abc import Sequence
@@ -23,6 +26,7 @@ from ones_pipeline.adapters.docker_containers import (
     container_kwargs,
     image_present,
     stop_containers,
+    stop_timeout,
 )
 from ones_pipeline.config import DockerConfig
 
@@ -30,6 +34,34 @@ STEP_MODULE = "ones_pipeline.train"
 SQLITE_PREFIX = "sqlite:///"
 # Host GPU ids mean nothing inside the container (the runtime renumbers the requested GPUs from 0).
 DROPPED_ENV = ("CUDA_VISIBLE_DEVICES",)
+
+
+class StopTimeoutContainer:
+    """A docker SDK container whose bare ``stop()`` waits ``timeout_s`` before SIGKILL."""
+
+    def __init__(self, container, timeout_s: float):
+        self._container = container
+        self._timeout = stop_timeout(timeout_s)
+
+    def stop(self, timeout=None, **kwargs):
+        return self._container.stop(timeout=self._timeout if timeout is None else timeout, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._container, name)
+
+
+class OnesPipesDockerClient(PipesDockerClient):
+    """``PipesDockerClient`` whose ``finally: container.stop()`` gives the step ``stop_timeout_s``.
+
+    Hooks ``_create_container``, which ``PipesDockerClient.run`` calls with keyword arguments
+    (dagster-docker 0.29.27; the Dagster family is pinned and a test checks the timeout arrives)."""
+
+    def __init__(self, stop_timeout_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.stop_timeout_s = stop_timeout_s
+
+    def _create_container(self, **kwargs):
+        return StopTimeoutContainer(super()._create_container(**kwargs), self.stop_timeout_s)
 
 
 def step_command(cfg: DockerConfig) -> list:
@@ -109,7 +141,7 @@ def run_docker_step(context, cfg: DockerConfig, job: str, generation: int, gpus:
         context.log.info(f"job {job} generation {generation}: container from {cfg.image} on GPUs "
                          f"{list(gpus) or 'none (CPU)'}")
         try:
-            return PipesDockerClient().run(
+            return OnesPipesDockerClient(cfg.stop_timeout_s).run(
                 context=context, image=cfg.image, command=step_command(cfg), extras=extras,
                 env=environment, container_kwargs=kwargs)
         except docker.errors.APIError as exc:
