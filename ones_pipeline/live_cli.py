@@ -37,6 +37,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                             "materialized, then print the JCT table"))
     run.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds (3600)")
     run.add_argument("--status-every", type=float, default=20.0, help="print the status table this often (20 s)")
+    run.add_argument("--fresh", action="store_true",
+                     help="delete the state directory first (checkpoints, MLflow store, Dagster instance)")
     submit = common(sub.add_parser("submit", help="validate a job spec and add it to assets/jobs"))
     submit.add_argument("spec", type=Path, help="job spec YAML")
     submit.add_argument("--force", action="store_true", help="replace a spec of the same name")
@@ -79,6 +81,10 @@ def init(env: EnvConfig, quiet: bool = False) -> dict:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(instance_yaml(inventory.slot_ids, inventory.num_slots + 4))
     tmp.replace(path)
+    # Create the instance's sqlite storage now, once: the daemon, the webserver and `ones status`
+    # opening a fresh instance at the same time race on its schema creation.
+    with _instance(env):
+        pass
     uri = env.tracking_uri()
     ensure_store(uri, env.mlflow.experiment)
     if not quiet:
@@ -275,11 +281,14 @@ def _wait_foreground(proc: subprocess.Popen) -> int:
     return 0 if stop else (proc.returncode or 0)
 
 
-def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float) -> int:
-    import dagster as dg
-
-    from ones_pipeline.defs.assets import REPORT_ASSET, TRAINING_ASSET
-
+def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool = False) -> int:
+    if fresh and env.state_dir.exists():
+        if not (env.state_dir / "dagster").is_dir() and any(env.state_dir.iterdir()):
+            print(f"ones run: --fresh refuses to delete {env.state_dir}: it does not look like a state directory "
+                  "(no dagster/ inside)", file=sys.stderr)
+            return 2
+        shutil.rmtree(env.state_dir)
+        print(f"--fresh: deleted {env.state_dir}")
     specs, errors = load_job_specs(env.jobs_dir)
     for err in errors:
         print(f"skipped spec: {err}", file=sys.stderr)
@@ -299,6 +308,11 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float) -> int:
     try:
         with _instance(env) as instance:
             report_before = _latest_report_ts(instance)
+            rows = job_rows(env, instance)
+            if report_before and all(r["state"] in ("finished", "failed") for r in rows if r["job"] in specs):
+                print("every job is already finished (`ones run --fresh` starts over)")
+                _print_summary(env, instance, specs)
+                return 0
             while not stop:
                 if proc.poll() is not None:
                     print(f"ones run: the Dagster daemon exited ({proc.returncode}); see {log_path}", file=sys.stderr)
@@ -346,7 +360,9 @@ def _print_summary(env: EnvConfig, instance, specs) -> None:
         table = pd.read_csv(csv)
         cols = [c for c in ("job", "model", "jct_s", "wait_s", "run_s", "restarts", "generations", "gpu_s", "accuracy")
                 if c in table.columns]
-        print("\n" + table[cols].to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+        formatters = {c: (lambda v: f"{v:.3f}") if c == "accuracy" else (lambda v: f"{v:.1f}")
+                      for c in cols if table[c].dtype.kind == "f"}
+        print("\n" + table[cols].to_string(index=False, formatters=formatters))
     summary = report_dir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text()).get("summary", {})
@@ -371,7 +387,7 @@ def run_command(args: argparse.Namespace) -> int:
         if args.command == "up":
             return cmd_up(env, args.host, args.port)
         if args.command == "run":
-            return cmd_run(env, args.timeout, args.status_every)
+            return cmd_run(env, args.timeout, args.status_every, args.fresh)
     except ConfigError as exc:
         print(f"ones {args.command}: {exc}", file=sys.stderr)
         return 2
