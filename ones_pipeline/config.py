@@ -291,6 +291,14 @@ LAUNCHER_KINDS = ("subprocess", "docker")
 ENV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
+def _expand(text: str, project_dir: Path) -> str:
+    """``{project}``: the project directory; ``{python_prefix}``: the Python installation this runs on
+    (what a host-shim image mounts to run the project's virtualenv inside a container)."""
+    import sys
+
+    return text.replace("{project}", str(project_dir)).replace("{python_prefix}", sys.base_prefix)
+
+
 def _section(path: Path, data: Mapping, key: str) -> Mapping:
     value = data.get(key) or {}
     if not isinstance(value, Mapping):
@@ -330,19 +338,24 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
         _check_keys(path, d, fields, "launcher.docker.")
         volumes = []
         for i, v in enumerate(d.get("volumes") or []):
+            if isinstance(v, str):
+                v = _expand(v, project_dir)
             parts = v.split(":") if isinstance(v, str) else []
             if len(parts) == 2:
                 parts.append("ro")
             if len(parts) != 3 or parts[2] not in ("ro", "rw") or not parts[0] or not parts[1]:
                 raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"expected 'HOST:CONTAINER[:ro|rw]', got {v!r}")
             host = parts[0] if os.path.isabs(parts[0]) else str(project_dir / parts[0])
+            if not os.path.isabs(parts[1]):
+                raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"container path {parts[1]!r} must be "
+                                  "absolute (use {project} for the project directory)")
             volumes.append((host, parts[1], parts[2]))
         env = d.get("environment") or {}
         if not isinstance(env, Mapping):
             raise ConfigError(path, "launcher.docker.environment", f"expected a mapping, got {env!r}")
         docker = DockerConfig(
             image=_get(path, d, "image", str, required=True, prefix="launcher.docker."),
-            python=_get(path, d, "python", str, "python", prefix="launcher.docker."),
+            python=_expand(_get(path, d, "python", str, "python", prefix="launcher.docker."), project_dir),
             shm_size=str(_get(path, d, "shm_size", (str, int), "1g", prefix="launcher.docker.")),
             network=_get(path, d, "network", str, "none", prefix="launcher.docker."),
             init=_get(path, d, "init", bool, True, prefix="launcher.docker."),
@@ -351,6 +364,10 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
             stop_timeout_s=_get(path, d, "stop_timeout_s", float, 30.0, prefix="launcher.docker.", minimum=0))
     launcher = LauncherConfig(kind=kind, docker=docker,
                               grace_period_s=_get(path, lz, "grace_period_s", float, 20.0, prefix="launcher.", minimum=1))
+    if docker is not None and docker.stop_timeout_s <= launcher.grace_period_s:
+        raise ConfigError(path, "launcher.docker.stop_timeout_s",
+                          f"{docker.stop_timeout_s:g} must exceed launcher.grace_period_s {launcher.grace_period_s:g} "
+                          "(Docker kills the container when it runs out, before the step could checkpoint)")
 
     m = _section(path, data, "mlflow")
     _check_keys(path, m, {"tracking_uri", "tracking_uri_env", "experiment"}, "mlflow.")

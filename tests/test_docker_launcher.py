@@ -33,6 +33,7 @@ pytest.importorskip("mlflow")
 import docker.errors  # noqa: E402
 import docker.models.containers  # noqa: E402
 from dagster._core.errors import DagsterExecutionInterruptedError  # noqa: E402
+from dagster_pipes import decode_param  # noqa: E402
 
 from ones_pipeline.adapters.docker_containers import (  # noqa: E402
     LABEL_GENERATION,
@@ -86,9 +87,8 @@ class FakeContainer:
         if command[0] == self.engine.python:  # the image's interpreter: this test's own
             command[0] = sys.executable
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), **self.kwargs["environment"]}
-        # Like PID 1 of a container: its own session, signalled alone by stop(); working directory /.
-        self.proc = subprocess.Popen(command, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        # Working directory / as in the shim image; in pytest's process group, so a CI kill reaches it too.
+        self.proc = subprocess.Popen(command, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.status = "running"
 
     def logs(self, **kwargs):
@@ -336,6 +336,17 @@ def test_docker_available_false_without_engine(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 5
 
 
+def test_no_engine_fails_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")  # the real SDK, nothing listening
+    job = "no-engine"
+    extras = {"generation": 2, "state_dir": str(tmp_path / "state")}
+    result, _ = materialize_job(DockerConfig(image=IMAGE), job, extras, tmp_path, raise_on_error=False)
+
+    assert not result.success
+    message = step_error(result)
+    assert f"job {job} generation 2: no Docker engine answers" in message and "scripts/dockerd.sh" in message
+
+
 # -- the Pipes round trip through the fake engine -----------------------------------------------------
 def test_trains_in_fake_container_and_removes_it(fake_docker, workdir):
     job = "mlp-docker"
@@ -360,6 +371,9 @@ def test_trains_in_fake_container_and_removes_it(fake_docker, workdir):
     assert {"DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES"} <= set(env)
     assert env["ONES_TEST_MARK"] == "from-config" and env["ONES_STEP_ENV"] == "1"
     assert "CUDA_VISIBLE_DEVICES" not in env  # host GPU ids are wrong inside a container
+    pipes_extras = decode_param(env["DAGSTER_PIPES_CONTEXT"])["data"]["extras"]
+    assert pipes_extras == {**extras, "in_container": True}  # GPUs are renumbered from 0 inside
+    assert decode_param(env["DAGSTER_PIPES_MESSAGES"]) == {"stdio": "stderr"}  # read back from the logs
     # What the engine would have received.
     host = body["HostConfig"]
     assert sorted(host["Binds"]) == sorted([f"{state}:{state}:rw", f"{workdir}:{workdir}:rw"])

@@ -19,6 +19,7 @@ from typing import Any
 import dagster as dg
 import docker
 import docker.errors
+import requests
 from dagster_docker import PipesDockerClient
 
 from ones_pipeline.adapters.docker_containers import (
@@ -119,11 +120,18 @@ def run_docker_step(context, cfg: DockerConfig, job: str, generation: int, gpus:
     for m in mounts:  # a missing source would be created by the engine, as root
         Path(m).mkdir(parents=True, exist_ok=True)
     kwargs = container_kwargs(cfg, job, generation, gpus, state_dir, mounts)
+    grace = extras.get("grace_period_s")
+    if grace is not None and float(grace) >= cfg.stop_timeout_s:
+        context.log.warning(f"job {job}: launcher.docker.stop_timeout_s {cfg.stop_timeout_s} is not above the "
+                            f"grace period {grace} s: a stopped container may be killed before its checkpoint")
 
+    client = None
     try:
         client = docker.from_env()
         client.ping()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        if client is not None:
+            client.close()
         raise _failure(job, generation, f"no Docker engine answers (DOCKER_HOST or /var/run/docker.sock): {exc}; "
                        "start one (scripts/dockerd.sh start) or use launcher.kind: subprocess") from exc
     try:
