@@ -183,12 +183,32 @@ def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_c
     return "move to other slots"
 
 
+def _hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInfo]) -> Schedule:
+    """``new`` with the young runs' jobs kept as they are, and any job whose new allocation needs their
+    slots kept as it is too (transitively), so the result stays free of double-booking."""
+    held = {j for j in young if new.gpus_of(j) != current.gpus_of(j)
+            or (j in new.allocations and new.allocations[j].global_batch != current.allocations[j].global_batch)}
+    while True:
+        taken = {g for j in held for g in current.gpus_of(j)}
+        more = {j for j, a in new.allocations.items() if j not in held and taken.intersection(a.gpus)}
+        if not more:
+            break
+        held |= more
+    allocations = {j: a for j, a in new.allocations.items() if j not in held}
+    allocations.update({j: current.allocations[j] for j in held if j in current.allocations})
+    return Schedule(allocations)
+
+
 def plan_tick(*, now: float, specs: Mapping[str, JobSpec], finished: set[str] | frozenset[str],
               runs: Sequence[RunInfo], progress: Mapping[str, ProgressInfo], slot_ids: Sequence[int],
               cluster: Cluster, cursor: Mapping[str, Any], policy_name: str = "ones", policy_seed: int = 0,
               policy_params: Mapping[str, Any] | None = None, max_retries: int = 3,
-              retry_backoff_s: float = 30.0) -> TickPlan:
-    """Decide one tick. ``runs``: every managed run the instance knows (any status)."""
+              retry_backoff_s: float = 30.0, min_hold_s: float = 0.0) -> TickPlan:
+    """Decide one tick. ``runs``: every managed run the instance knows (any status).
+
+    ``min_hold_s``: a run younger than this keeps its allocation (a change would throw away its start-up
+    before it trained); the policy's other changes stand unless they need its slots.
+    """
     slot_ids = tuple(int(s) for s in slot_ids)
     if len(slot_ids) != cluster.num_gpus:
         raise ValueError(f"{len(slot_ids)} slot ids for a cluster of {cluster.num_gpus}")
@@ -272,6 +292,8 @@ def plan_tick(*, now: float, specs: Mapping[str, JobSpec], finished: set[str] | 
     new = policy.decide(now, cluster, views, in_force) if views else Schedule({})
     plan.decide_s = time.perf_counter() - t0
     new.validate(cluster, {v.name: v.spec for v in views})
+    new = _hold_young_runs(new, in_force, {j: r for j, r in current_run.items() if j in in_force.allocations
+                                           and now - r.created_s < min_hold_s})
 
     # Diff: cancel what changes, launch the new allocations with the next generation.
     for job in sorted(set(current) | set(new.allocations)):

@@ -221,8 +221,7 @@ def _instance(env: EnvConfig):
     home = dagster_home(env)
     if not (home / "dagster.yaml").exists():
         raise ConfigError(home / "dagster.yaml", None, "no Dagster instance yet: run `ones init` (or `ones up`/`ones run`)")
-    os.environ["DAGSTER_HOME"] = str(home)
-    return dg.DagsterInstance.get()
+    return dg.DagsterInstance.from_config(str(home))
 
 
 def cmd_status(env: EnvConfig) -> int:
@@ -238,6 +237,10 @@ def cmd_status(env: EnvConfig) -> int:
 def cmd_submit(env: EnvConfig, spec_path: Path, force: bool) -> int:
     spec = _load_any_name(spec_path)
     target = env.jobs_dir / f"{spec.name}.yaml"
+    other = env.jobs_dir / f"{spec.name}.yml"
+    if other.exists():
+        print(f"ones submit: {other} already defines job {spec.name!r}; remove it first", file=sys.stderr)
+        return 2
     if target.exists() and not force:
         print(f"ones submit: {target} exists (job {spec.name!r}); pass --force to replace it", file=sys.stderr)
         return 2

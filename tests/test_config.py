@@ -226,7 +226,8 @@ def test_full_env(tmp_path: Path):
 
 # (case id, environment data, field named in the error, substrings the message must contain)
 BAD_ENVS = [
-    ("gpus-word", {"cluster": {"gpus": "some"}}, "cluster.gpus", ["'some'", "allowed: auto, none, or a list of GPU ids"]),
+    ("gpus-word", {"cluster": {"gpus": "some"}}, "cluster.gpus",
+     ["'some'", "allowed: auto, none, or a list of GPU ids"]),
     ("gpus-duplicate", {"cluster": {"gpus": [0, 0]}}, "cluster.gpus", ["distinct GPU ids"]),
     ("cpu-slots-zero", {"cluster": {"cpu_slots": 0}}, "cluster.cpu_slots", [">= 1"]),
     ("launcher-k8s", {"launcher": {"kind": "k8s"}}, "launcher.kind", ["'k8s'", "allowed: subprocess, docker"]),
@@ -330,3 +331,27 @@ def test_job_state_dir_stays_inside_state_dir(tmp_path: Path):
     for bad in ("../x", "a/b", "", "..", "/etc"):
         with pytest.raises(ValueError, match="bad job name"):
             env.job_state_dir(bad)
+
+
+def test_review_findings_are_errors_now(tmp_path):
+    """Duplicates across .yaml/.yml, requested above max, non-mapping sections, string volumes, null env."""
+    from ones_pipeline.config import ConfigError, load_job_specs, parse_env, parse_job_spec
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    text = "model: mlp-digits\nper_gpu_batch: 8\nstopping: {epochs: 1}\n"
+    (jobs / "x.yaml").write_text(text)
+    (jobs / "x.yml").write_text(text)
+    specs, errors = load_job_specs(jobs)
+    assert list(specs) == ["x"] and len(errors) == 1 and "already defined" in str(errors[0])
+    with pytest.raises(ConfigError, match="requested_gpus"):
+        parse_job_spec({"model": "mlp-digits", "per_gpu_batch": 8, "requested_gpus": 4, "max_gpus": 2,
+                        "stopping": {"epochs": 1}}, tmp_path / "j.yaml", default_name="j")
+    for bad, field in [({"cluster": []}, "cluster"), ({"policy": ""}, "policy"),
+                       ({"launcher": {"kind": "docker", "docker": {"image": "i", "volumes": "a:/b"}}},
+                        "launcher.docker.volumes"),
+                       ({"launcher": {"kind": "docker", "docker": {"image": "i", "environment": {"A": None}}}},
+                        "launcher.docker.environment.A")]:
+        with pytest.raises(ConfigError) as exc:
+            parse_env(bad, tmp_path / "e.yaml", tmp_path, "e")
+        assert exc.value.field == field

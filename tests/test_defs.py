@@ -31,7 +31,7 @@ def project(tmp_path):
     (tmp_path / "resources").mkdir()
     (tmp_path / "assets" / "jobs").mkdir(parents=True)
     (tmp_path / "resources" / "local.yaml").write_text(
-        "cluster: {gpus: none, cpu_slots: 2}\nscheduler: {tick_interval_s: 5, decision_budget_s: 0.3}\n")
+        "cluster: {gpus: none, cpu_slots: 2}\nscheduler: {tick_interval_s: 5, decision_budget_s: 0.3, min_run_s: 0}\n")
     (tmp_path / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A)
     (tmp_path / "assets" / "jobs" / "job-b.yaml").write_text(SPEC_B)
     return tmp_path

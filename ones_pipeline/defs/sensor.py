@@ -93,7 +93,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     plan = plan_tick(now=now, specs=specs, finished=finished, runs=runs, progress=progress,
                      slot_ids=inventory.slot_ids, cluster=inventory.cluster(), cursor=cursor,
                      policy_name=env.policy.name, policy_seed=env.policy.seed, policy_params=policy_params(env),
-                     max_retries=env.scheduler.max_retries, retry_backoff_s=env.scheduler.retry_backoff_s)
+                     max_retries=env.scheduler.max_retries, retry_backoff_s=env.scheduler.retry_backoff_s,
+                     min_hold_s=env.scheduler.min_run_s)
 
     # 5. cancel what changes (idempotent: only in-flight runs are in the plan).
     for c in plan.cancels:

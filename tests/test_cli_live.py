@@ -1,0 +1,140 @@
+"""``ones submit | init | status`` in-process (``ones_pipeline.cli.main``) on a temporary project.
+
+No daemon, no training: ``init`` writes the Dagster instance config and the MLflow store, ``status``
+reads them back. The environment pins ``cluster: {gpus: none, cpu_slots: 2}`` so nothing asks NVML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ones_pipeline.cli import main
+
+SPEC = {"model": "mlp-digits", "per_gpu_batch": 32, "base_lr": 0.05, "max_lr": 0.2, "stopping": {"epochs": 2}}
+ENV = {"cluster": {"gpus": "none", "cpu_slots": 2}, "scheduler": {"tick_interval_s": 5}}
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch) -> Path:
+    root = tmp_path / "proj"
+    (root / "resources").mkdir(parents=True)
+    (root / "resources" / "local.yaml").write_text(yaml.safe_dump(ENV))
+    # `ones status` sets DAGSTER_HOME in-process; setting it here makes monkeypatch restore it afterwards.
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "unused-dagster-home"))
+    monkeypatch.delenv("ONES_PROJECT_DIR", raising=False)
+    monkeypatch.delenv("ONES_ENV", raising=False)
+    monkeypatch.chdir(tmp_path)  # the project is found through --project, never the working directory
+    return root
+
+
+def _spec_file(directory: Path, name: str, data: dict | str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+# -- submit ---------------------------------------------------------------------------------------------
+def test_submit_copies_valid_spec(project: Path, tmp_path: Path, capsys):
+    src = _spec_file(tmp_path / "incoming", "whatever.yaml", {**SPEC, "name": "mlp-a"})
+    assert main(["submit", str(src), "--project", str(project)]) == 0
+    target = project / "assets" / "jobs" / "mlp-a.yaml"
+    assert target.read_text() == src.read_text()
+    out = capsys.readouterr().out
+    assert "submitted mlp-a" in out and str(target) in out
+    assert sorted(p.name for p in target.parent.iterdir()) == ["mlp-a.yaml"]  # no temp file left behind
+
+
+def test_submit_without_name_uses_file_name(project: Path, tmp_path: Path):
+    src = _spec_file(tmp_path / "incoming", "mlp-b.yaml", SPEC)
+    assert main(["submit", str(src), "--project", str(project)]) == 0
+    assert (project / "assets" / "jobs" / "mlp-b.yaml").read_text() == src.read_text()
+
+
+def test_submit_refuses_existing_without_force(project: Path, tmp_path: Path, capsys):
+    first = _spec_file(tmp_path / "v1", "mlp-a.yaml", SPEC)
+    second = _spec_file(tmp_path / "v2", "mlp-a.yaml", {**SPEC, "stopping": {"epochs": 5}})
+    assert main(["submit", str(first), "--project", str(project)]) == 0
+    capsys.readouterr()
+    target = project / "assets" / "jobs" / "mlp-a.yaml"
+
+    assert main(["submit", str(second), "--project", str(project)]) == 2
+    err = capsys.readouterr().err
+    assert "exists" in err and "--force" in err and str(target) in err
+    assert target.read_text() == first.read_text()
+
+    assert main(["submit", str(second), "--project", str(project), "--force"]) == 0
+    assert target.read_text() == second.read_text()
+
+
+@pytest.mark.parametrize("data, needles", [
+    ({**SPEC, "model": "gpt-5"}, ["field 'model'", "'gpt-5'", "allowed: mlp-digits, cnn-digits"]),
+    ({**SPEC, "per_gpu_batch": -1}, ["field 'per_gpu_batch'", ">= 1"]),
+    ("model: mlp-digits\nper_gpu_batch: 32\n  stopping: {epochs: 2}\n", ["not valid YAML", "line 3"]),
+], ids=["unknown-model", "negative-batch", "invalid-yaml"])
+def test_submit_invalid_spec_exits_2_and_copies_nothing(project: Path, tmp_path: Path, capsys, data, needles):
+    src = _spec_file(tmp_path / "incoming", "broken.yaml", data)
+    assert main(["submit", str(src), "--project", str(project)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("ones submit: ")
+    assert str(src) in captured.err
+    for needle in needles:
+        assert needle in captured.err, captured.err
+    assert "submitted" not in captured.out
+    jobs = project / "assets" / "jobs"
+    assert not jobs.exists() or list(jobs.iterdir()) == []
+
+
+def test_submit_with_bad_environment_exits_2(project: Path, tmp_path: Path, capsys):
+    (project / "resources" / "local.yaml").write_text(yaml.safe_dump({"launcher": {"kind": "k8s"}}))
+    src = _spec_file(tmp_path / "incoming", "mlp-a.yaml", SPEC)
+    assert main(["submit", str(src), "--project", str(project)]) == 2
+    assert "field 'launcher.kind'" in capsys.readouterr().err
+    assert not (project / "assets" / "jobs" / "mlp-a.yaml").exists()
+
+
+# -- init and status ------------------------------------------------------------------------------------
+def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project: Path, tmp_path: Path, capsys):
+    jobs = project / "assets" / "jobs"
+    for name in ("mlp-a", "mlp-b", "cnn-c"):
+        _spec_file(jobs, f"{name}.yaml", {**SPEC, "model": "cnn-digits"} if name.startswith("cnn") else SPEC)
+
+    assert main(["init", "--project", str(project)]) == 0
+    out = capsys.readouterr().out
+    state = project / ".ones" / "state"
+    config_path = state / "dagster" / "dagster.yaml"
+    assert str(config_path) in out
+
+    config = yaml.safe_load(config_path.read_text())
+    coordinator = config["run_coordinator"]
+    assert coordinator["class"] == "QueuedRunCoordinator"
+    limits = coordinator["config"]["tag_concurrency_limits"]
+    assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/gpu-0", "limit": 1},
+                                                     {"key": "ones/gpu-1", "limit": 1}]
+    assert coordinator["config"]["max_concurrent_runs"] >= 2
+    assert config["run_monitoring"]["enabled"] is True
+
+    db = state / "mlflow.db"
+    assert db.is_file() and db.read_bytes()[:16] == b"SQLite format 3\x00"
+    assert (state / "jobs").is_dir()
+
+    assert main(["init", "--project", str(project)]) == 0  # idempotent
+    capsys.readouterr()
+
+    assert main(["status", "--project", str(project)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split() == ["job", "state", "gpus", "batch", "progress", "eta", "restarts"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert sorted(rows) == ["cnn-c", "mlp-a", "mlp-b"]
+    for job, cells in rows.items():
+        assert cells[1:5] == ["pending", "-", "-", "0.0/2"], cells
+        assert cells[-1] == "0"
+
+
+def test_status_before_init_says_run_init(project: Path, capsys):
+    assert main(["status", "--project", str(project)]) == 2
+    err = capsys.readouterr().err
+    assert "dagster.yaml" in err and "ones init" in err
