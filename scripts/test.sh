@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest -n 2 -q "$@"
+exec .venv/bin/python -m pytest -n 2 -q -rs "$@"
