@@ -102,6 +102,14 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
             assert time.monotonic() < deadline, f"not all materialized in {TIMEOUT_S} s: {[m['partition'] for m in mats]}"
             time.sleep(3)
+        # Once nothing is left, the sensor requests the cluster report (markdown with inlined PNGs).
+        report_query = """{ assetOrError(assetKey: {path: ["cluster_report"]}) { ... on Asset {
+          assetMaterializations(limit: 1) { metadataEntries { label ... on MarkdownMetadataEntry { mdStr }
+            ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue } } } } } }"""
+        deadline = time.monotonic() + 120
+        while not (report := graphql(port, report_query)["assetOrError"]["assetMaterializations"]):
+            assert time.monotonic() < deadline, "cluster_report not materialized within 120 s of the last job"
+            time.sleep(3)
         runs = graphql(port, RUNS)["runsOrError"]["results"]
         status = subprocess.run([ones, "status", "--project", str(project)], capture_output=True, text=True, timeout=60)
     finally:
@@ -118,6 +126,12 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             for m in mats}
     for job in JOBS:
         assert meta[job]["accuracy"] > 0.5 and meta[job]["jct_s"] > 0 and meta[job]["gpu_seconds"] > 0
+
+    entries = {e["label"]: e for e in report[0]["metadataEntries"]}
+    assert entries["jobs"].get("intValue", entries["jobs"].get("floatValue")) == len(JOBS) and entries["mean_jct_s"]["floatValue"] > 0
+    assert entries["report"]["mdStr"].count("data:image/png;base64,") == 2
+    assert all(job in entries["report"]["mdStr"] for job in JOBS)
+    assert (project / ".ones/state/report/allocation.png").stat().st_size > 1000
 
     # No slot held by two runs at once (run start..end intervals per slot tag never overlap).
     spans: dict[str, list[tuple[float, float, str]]] = {}
