@@ -83,8 +83,12 @@ def init(env: EnvConfig, quiet: bool = False) -> dict:
     tmp.replace(path)
     # Create the instance's sqlite storage now, once: the daemon, the webserver and `ones status`
     # opening a fresh instance at the same time race on its schema creation.
-    with _instance(env):
-        pass
+    with _instance(env) as instance:
+        released = [] if running_dagster(env) else release_orphaned_runs(instance)
+    if not running_dagster(env):
+        pause_file(env).unlink(missing_ok=True)
+    if released and not quiet:
+        print(f"released {len(released)} run(s) left in flight by a stopped daemon: {', '.join(released)}")
     uri = env.tracking_uri()
     ensure_store(uri, env.mlflow.experiment)
     if not quiet:
@@ -107,10 +111,36 @@ def _reset_signals() -> None:  # in the child, before exec: a background start m
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def _pidfile(env: EnvConfig) -> Path:
+    return env.state_dir / "dagster.pid"
+
+
+def running_dagster(env: EnvConfig) -> int | None:
+    """PID of a Dagster daemon/dev process this project started and that still runs, else None."""
+    try:
+        pid = int(_pidfile(env).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return pid if proc.is_running() and "dagster" in " ".join(proc.cmdline()) else None
+    except Exception:  # noqa: BLE001 - gone, or psutil missing
+        return None
+
+
 def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None) -> subprocess.Popen:
+    _refuse_if_running(env)
     out = open(log_path, "ab") if log_path else None
-    return subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
+    proc = subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
                             preexec_fn=_reset_signals, stdout=out, stderr=subprocess.STDOUT if out else None)
+    _pidfile(env).write_text(f"{proc.pid}\n")
+    return proc
 
 
 def _descendants(pid: int) -> list[int]:
@@ -122,8 +152,9 @@ def _descendants(pid: int) -> list[int]:
         return []
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    """SIGINT, wait, then kill the whole process group and every recorded descendant."""
+def stop_process(proc: subprocess.Popen, timeout_s: float = 45.0) -> None:
+    """SIGINT to the process group (the daemon, its code server, the run workers and their training
+    steps, which checkpoint), wait up to ``timeout_s`` for all of them, then kill what is left."""
     if proc.poll() is not None:
         return
     children = _descendants(proc.pid)
@@ -131,6 +162,7 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
         os.killpg(proc.pid, signal.SIGINT)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + timeout_s
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -139,11 +171,80 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
-    for pid in children:  # code servers that outlive dagster's own shutdown
+    try:
+        import psutil
+
+        alive = [psutil.Process(pid) for pid in children if psutil.pid_exists(pid)]
+        _, alive = psutil.wait_procs(alive, timeout=max(deadline - time.monotonic(), 1.0))
+        children = [p.pid for p in alive]
+    except Exception:  # noqa: BLE001 - psutil missing or processes gone
+        pass
+    for pid in children:  # whatever outlived the grace period (e.g. a code server)
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def pause_file(env: EnvConfig) -> Path:
+    return env.state_dir / "scheduler.paused"
+
+
+def drain(env: EnvConfig, instance, timeout_s: float | None = None) -> int:
+    """Before Dagster stops: pause the sensor, cancel every in-flight training run (each step checkpoints
+    and its run ends CANCELED rather than FAILED) and wait for them. Returns how many were cancelled."""
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+
+    from ones_pipeline.live import TAG_MANAGED
+
+    pause_file(env).touch()
+    statuses = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    flt = dg.RunsFilter(statuses=statuses, tags={TAG_MANAGED: "true"})
+    runs = instance.get_runs(flt)
+    for run in runs:
+        if run.status != DagsterRunStatus.CANCELING:
+            try:
+                instance.run_coordinator.cancel_run(run.run_id)
+            except Exception as exc:  # noqa: BLE001 - its worker is already gone
+                print(f"could not cancel run {run.run_id}: {exc}", file=sys.stderr)
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else env.launcher.grace_period_s + 20)
+    while instance.get_runs(flt) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(runs)
+
+
+def release_orphaned_runs(instance) -> list[str]:
+    """Mark in-flight training runs whose run worker no longer exists as canceled.
+
+    Dagster's default run launcher cannot check a run worker's health, so a run whose daemon was
+    killed stays STARTED forever, holding its job and its GPU tags. Called before a daemon starts
+    (nothing of ours runs then); a run is orphaned when no process mentions its id.
+    """
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+
+    from ones_pipeline.live import TAG_MANAGED
+
+    statuses = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+    runs = instance.get_runs(dg.RunsFilter(statuses=statuses, tags={TAG_MANAGED: "true"}))
+    if not runs:
+        return []
+    try:
+        import psutil
+
+        cmdlines = " ".join(" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    except Exception:  # noqa: BLE001 - without psutil, assume the workers are gone
+        cmdlines = ""
+    released = []
+    for run in runs:
+        if run.run_id in cmdlines:
+            continue
+        instance.report_run_canceled(run, message="ones: the daemon that ran it stopped; the job resumes "
+                                                  "from its checkpoint in a new generation")
+        released.append(run.run_id)
+    return released
 
 
 def _dagster_bin(name: str) -> str:
@@ -260,16 +361,27 @@ def _load_any_name(path: Path):
     return parse_job_spec(_read_yaml(path), path, default_name=path.stem)
 
 
+def _refuse_if_running(env: EnvConfig) -> None:
+    pid = running_dagster(env)
+    if pid is not None:
+        raise AlreadyRunning(f"Dagster is already running for this project (PID {pid}, {_pidfile(env)}); "
+                             f"stop it first (Ctrl-C in its terminal, or kill -INT -{pid})")
+
+
 def cmd_up(env: EnvConfig, host: str, port: int) -> int:
+    _refuse_if_running(env)
     init(env)
     argv = [_dagster_bin("dagster"), "dev", "-m", "ones_pipeline.definitions", "-h", host, "-p", str(port)]
     print(f"starting Dagster (webserver http://{host}:{port}, daemon) with DAGSTER_HOME={dagster_home(env)}; "
           "Ctrl-C stops everything", flush=True)
     proc = start_process(argv, env)
-    return _wait_foreground(proc)
+    try:
+        return _wait_foreground(proc, env)
+    finally:
+        pause_file(env).unlink(missing_ok=True)
 
 
-def _wait_foreground(proc: subprocess.Popen) -> int:
+def _wait_foreground(proc: subprocess.Popen, env: EnvConfig) -> int:
     stop = []
     previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -279,12 +391,18 @@ def _wait_foreground(proc: subprocess.Popen) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         if proc.poll() is None:
-            print("stopping Dagster ...", file=sys.stderr, flush=True)
+            print("stopping Dagster: cancelling the running steps (they checkpoint) ...", file=sys.stderr, flush=True)
+            try:
+                with _instance(env) as instance:
+                    drain(env, instance)
+            except Exception as exc:  # noqa: BLE001 - stop anyway
+                print(f"could not drain the runs: {exc}", file=sys.stderr)
             stop_process(proc)
     return 0 if stop else (proc.returncode or 0)
 
 
 def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool = False) -> int:
+    _refuse_if_running(env)
     if fresh and env.state_dir.exists():
         if not (env.state_dir / "dagster").is_dir() and any(env.state_dir.iterdir()):
             print(f"ones run: --fresh refuses to delete {env.state_dir}: it does not look like a state directory "
@@ -338,7 +456,12 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if proc.poll() is None and code != 0:
+            print("stopping: cancelling the running steps (they checkpoint) ...", file=sys.stderr, flush=True)
+            with _instance(env) as instance:
+                drain(env, instance)
         stop_process(proc)
+        pause_file(env).unlink(missing_ok=True)
     if stop:
         print("interrupted: stopped the daemon; running steps checkpointed; `ones run` resumes", file=sys.stderr)
         return 130
@@ -391,7 +514,7 @@ def run_command(args: argparse.Namespace) -> int:
             return cmd_up(env, args.host, args.port)
         if args.command == "run":
             return cmd_run(env, args.timeout, args.status_every, args.fresh)
-    except ConfigError as exc:
+    except (ConfigError, AlreadyRunning) as exc:
         print(f"ones {args.command}: {exc}", file=sys.stderr)
         return 2
     raise ValueError(f"unknown command {args.command}")

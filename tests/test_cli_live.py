@@ -138,3 +138,51 @@ def test_status_before_init_says_run_init(project: Path, capsys):
     assert main(["status", "--project", str(project)]) == 2
     err = capsys.readouterr().err
     assert "dagster.yaml" in err and "ones init" in err
+
+
+def test_orphaned_runs_are_released_and_live_ones_kept(tmp_path):
+    """A run left STARTED by a killed daemon holds its job and GPU tags forever (the default run launcher
+    cannot check a worker's health): `ones init` cancels it, unless a process still runs it."""
+    import subprocess
+    import sys
+
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from ones_pipeline.live import Launch
+    from ones_pipeline.live_cli import release_orphaned_runs
+
+    tags = {**Launch("job-a", 0, (0,), 32, 0.05, "start").tags(), "dagster/partition": "job-a"}
+    with dg.instance_for_test() as instance:
+        dead = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=tags)
+        alive = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=tags)
+        other = create_run_for_test(instance, job_name="report_job", status=DagsterRunStatus.STARTED)
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", alive.run_id])
+        try:
+            assert release_orphaned_runs(instance) == [dead.run_id]
+        finally:
+            worker.kill()
+        assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.CANCELED
+        assert instance.get_run_by_id(alive.run_id).status == DagsterRunStatus.STARTED
+        assert instance.get_run_by_id(other.run_id).status == DagsterRunStatus.STARTED  # not ours
+
+
+def test_a_second_daemon_for_the_same_project_is_refused(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from ones_pipeline.cli import main
+
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text("cluster: {gpus: none, cpu_slots: 1}\n")
+    state = tmp_path / ".ones" / "state"
+    state.mkdir(parents=True)
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dagster-daemon"])
+    try:
+        (state / "dagster.pid").write_text(f"{fake.pid}\n")
+        assert main(["run", "--project", str(tmp_path), "--fresh"]) == 2
+        assert "already running" in capsys.readouterr().err
+        assert state.exists()  # --fresh deleted nothing
+    finally:
+        fake.kill()

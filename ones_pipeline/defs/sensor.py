@@ -66,6 +66,9 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     from ones_pipeline.adapters.gpus import discover
 
     t_start = time.perf_counter()
+    if (env.state_dir / "scheduler.paused").exists():  # `ones up`/`ones run` are draining before a stop
+        return dg.SensorResult(skip_reason="paused: the runs are being cancelled before Dagster stops",
+                               cursor=context.cursor)
     instance = context.instance
     cursor = json.loads(context.cursor) if context.cursor else {}
     now = time.time()
