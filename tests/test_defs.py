@@ -106,6 +106,8 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
     assert len(held) == len(set(held)) and set(held) <= {0, 1}
     cursor = json.loads(result.cursor)
     assert cursor["policy"]["name"] == "ones" and set(cursor["submit"]) == {"job-a", "job-b"}
+    # Even a job's first decision is recorded as an observation of its (new) partition.
+    assert {e.partition for e in result.asset_events} == {rr.partition_key for rr in train}
 
 
 def test_same_tick_twice_launches_nothing_twice(project, instance):

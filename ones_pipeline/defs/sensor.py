@@ -124,7 +124,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     events = [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
         "decision": d.line(), "gpus_before": ",".join(map(str, d.before)) or "-",
         "gpus_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
-        "policy": env.policy.name}) for d in plan.decisions if d.job in existing]
+        "policy": env.policy.name}) for d in plan.decisions]  # the daemon stores these before adding partitions;
+    # an observation of a partition created in the same tick still shows once the partition exists
     _append_jsonl(env.state_dir / "decisions.jsonl",
                   [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)} for d in plan.decisions])
 
