@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
+from ones_pipeline.train.catalogue import WORKLOADS, train_size
 
 JOB_SUFFIXES = (".yaml", ".yml")
 
@@ -92,13 +93,7 @@ JOB_FIELDS = {"name", "model", "dataset_size", "per_gpu_batch", "base_lr", "max_
 STOPPING_FIELDS = {"epochs", "samples", "target_accuracy", "patience", "min_delta"}
 
 
-def _builtin_dataset_size(model: str) -> int | None:
-    """Training-set size of a built-in workload without importing torch (digits: 1437 of 1797)."""
-    sizes = {"mlp-digits": 1437, "cnn-digits": 1437, "resnet18-cifar-synthetic": 5000}
-    return sizes.get(model)
-
-
-BUILTIN_MODELS = ("mlp-digits", "cnn-digits", "resnet18-cifar-synthetic")
+BUILTIN_MODELS = tuple(WORKLOADS)
 
 
 def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None = None) -> JobSpec:
@@ -120,8 +115,8 @@ def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None 
     elif model not in BUILTIN_MODELS:
         raise ConfigError(path, "model", f"unknown built-in model {model!r}; allowed: {', '.join(BUILTIN_MODELS)} "
                                          "(or give a `command` to run your own script)")
-    dataset_size = _get(path, data, "dataset_size", int, _builtin_dataset_size(model) if command is None else None,
-                        required=command is not None or _builtin_dataset_size(model) is None, minimum=1)
+    builtin_size = train_size(model) if command is None else None
+    dataset_size = _get(path, data, "dataset_size", int, builtin_size, required=builtin_size is None, minimum=1)
     stopping_data = data.get("stopping")
     if not isinstance(stopping_data, Mapping):
         raise ConfigError(path, "stopping", "missing or not a mapping; give one of {epochs: N}, {samples: N}, "

@@ -330,6 +330,5 @@ def plan_tick(*, now: float, specs: Mapping[str, JobSpec], finished: set[str] | 
         "spec_hash": {j: h for j, h in hashes.items() if j in specs},
         "failed": failed,
         "launch_epochs": {j: e for j, e in launch_epochs.items() if j in specs},
-        "errors": cursor.get("errors", []),
     }
     return plan

@@ -295,7 +295,7 @@ def job_rows(env: EnvConfig, instance) -> list[dict]:
         rate = p.metrics.get("samples_per_s") if p else None
         if state == "running" and total and rate and p:
             eta = f"{max(total - p.samples_done, 0) / rate:.0f} s"
-        in_flight = latest is not None and latest.status in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
+        in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
                      "gpus": ",".join(map(str, latest.slot_ids)) if in_flight else "-",
                      "batch": str(latest.global_batch) if in_flight else "-", "progress": prog, "eta": eta,
@@ -429,8 +429,7 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
     try:
         with _instance(env) as instance:
             report_before = _latest_report_ts(instance)
-            rows = job_rows(env, instance)
-            if report_before and all(r["state"] in ("finished", "failed") for r in rows if r["job"] in specs):
+            if report_before and _all_ended(env, instance, specs):
                 print("every job is already finished (`ones run --fresh` starts over)")
                 _print_summary(env, instance, specs)
                 return 0
@@ -438,12 +437,11 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
                 if proc.poll() is not None:
                     print(f"ones run: the Dagster daemon exited ({proc.returncode}); see {log_path}", file=sys.stderr)
                     break
-                rows = job_rows(env, instance)
-                done = all(r["state"] in ("finished", "failed") for r in rows if r["job"] in specs)
-                if time.monotonic() - last_print > status_every_s:
+                if time.monotonic() - last_print > status_every_s:  # the full table (MLflow read) only then
                     last_print = time.monotonic()
+                    rows = job_rows(env, instance)
                     print(f"\n[{time.monotonic() - t0:5.0f} s]\n" + format_table(rows, STATUS_COLUMNS), flush=True)
-                if done and _latest_report_ts(instance) > report_before:
+                if _all_ended(env, instance, specs) and _latest_report_ts(instance) > report_before:
                     code = 0
                     break
                 if time.monotonic() - t0 > timeout_s:
@@ -466,6 +464,17 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
         print("interrupted: stopped the daemon; running steps checkpointed; `ones run` resumes", file=sys.stderr)
         return 130
     return code
+
+
+def _all_ended(env: EnvConfig, instance, specs) -> bool:
+    """Every job materialized or marked failed (two cheap reads, fit for a 1 s poll)."""
+    import dagster as dg
+
+    from ones_pipeline.defs.assets import TRAINING_ASSET
+
+    failed_file = env.state_dir / "failed_jobs.json"
+    failed = set(json.loads(failed_file.read_text() or "{}")) if failed_file.exists() else set()
+    return set(specs) <= set(instance.get_materialized_partitions(dg.AssetKey(TRAINING_ASSET))) | failed
 
 
 def _latest_report_ts(instance) -> float:

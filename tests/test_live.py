@@ -25,9 +25,8 @@ def test_generation_follows_every_run_ever_and_stale_runs_are_cancelled():
             run("b", 0, [1], "QUEUED"), run("b", 1, [1], "STARTED")]
     p = plan([spec("a"), spec("b")], runs, now=10_000.0, retry_backoff_s=0.0)
     assert [c.run_id for c in p.cancels if c.reason.startswith("superseded")] == ["b-0"]
-    for launch in p.launches:
-        if launch.job == "a":
-            assert launch.generation == 4 and launch.run_key == "a-g4"
+    (launch,) = [l for l in p.launches if l.job == "a"]  # slot 0 is free and the backoff is over
+    assert launch.generation == 4 and launch.run_key == "a-g4"
 
 
 def test_a_young_run_keeps_its_slots_and_blocks_what_would_need_them():

@@ -210,3 +210,12 @@ def test_global_batch_content_independent_of_world_size(dataset_size, seed, glob
     for world_size in range(1, 5):
         shares = [order.batch_indices(2, position, global_batch, r, world_size) for r in range(world_size)]
         assert np.array_equal(np.concatenate(shares), expected)
+
+
+def test_catalogue_sizes_match_the_data():
+    """config.py reads the samples per epoch from the torch-free catalogue; they must be what data.py makes."""
+    from ones_pipeline.train.catalogue import TRAIN_SIZES
+
+    for name, size in TRAIN_SIZES.items():
+        train, _, _ = load_dataset(name)
+        assert len(train) == size, name

@@ -14,14 +14,10 @@ import sys
 import torch
 
 from ones_pipeline.train.api import Placement, TrainingSession
+from ones_pipeline.train.catalogue import WORKLOADS
 from ones_pipeline.train.data import load_dataset
 from ones_pipeline.train.models import build_model
 
-WORKLOADS = {
-    "mlp-digits": ("mlp", "digits"),
-    "cnn-digits": ("cnn", "digits"),
-    "resnet18-cifar-synthetic": ("resnet18", "cifar-synthetic"),
-}
 # Log a live progress point every this many steps (plus every epoch end).
 LOG_EVERY_STEPS = 10
 

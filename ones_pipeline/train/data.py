@@ -23,10 +23,12 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from ones_pipeline.train.catalogue import TRAIN_SIZES
+
 DATASET_NAMES: tuple[str, ...] = ("digits", "cifar-synthetic")
 
 DIGITS_TEST_FRACTION = 0.2
-CIFAR_SYNTHETIC_TRAIN = 5000
+CIFAR_SYNTHETIC_TRAIN = TRAIN_SIZES["cifar-synthetic"]
 CIFAR_SYNTHETIC_TEST = 1000
 
 

@@ -61,7 +61,7 @@ def validate(req: LaunchRequest) -> tuple[int, float]:
     if req.world_size < 1:
         raise LaunchError(f"job {spec.name}: slots must be >= 1, got {req.slots}")
     if spec.command is None:
-        from ones_pipeline.train.builtin import WORKLOADS
+        from ones_pipeline.train.catalogue import WORKLOADS
 
         if spec.model not in WORKLOADS:
             raise LaunchError(f"job {spec.name}: unknown built-in model {spec.model!r}; allowed: "

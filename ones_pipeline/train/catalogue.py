@@ -1,0 +1,18 @@
+"""The built-in workloads by name, without importing torch (the config loader validates specs with it).
+
+``JobSpec.model`` names a workload ``<model>-<dataset>``; ``TRAIN_SIZES`` is each dataset's training-set
+size (samples per epoch), which ``train.data`` produces and ``tests/test_train_data.py`` checks.
+"""
+
+WORKLOADS: dict[str, tuple[str, str]] = {
+    "mlp-digits": ("mlp", "digits"),
+    "cnn-digits": ("cnn", "digits"),
+    "resnet18-cifar-synthetic": ("resnet18", "cifar-synthetic"),
+}
+TRAIN_SIZES: dict[str, int] = {"digits": 1437, "cifar-synthetic": 5000}
+
+
+def train_size(model: str) -> int | None:
+    """Samples per epoch of built-in workload ``model``, None for any other name."""
+    workload = WORKLOADS.get(model)
+    return TRAIN_SIZES[workload[1]] if workload else None
