@@ -59,8 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ones", description="ONES elastic scheduler for deep-learning jobs")
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="replay a trace under several policies and compare JCT")
-    sim.add_argument("--workload", required=True,
-                     help="Pollux workload CSV (name,time,application,num_replicas,batch_size) or ONES trace CSV")
+    sim.add_argument("--workload", required=True, metavar="NAME|PATH",
+                     help="a packaged Pollux workload (pollux:workload-1 ... 8, pollux-0.5:workload-N, "
+                          "pollux-1.5:workload-N), a Pollux workload CSV (name,time,application,num_replicas,"
+                          "batch_size) or an ONES trace CSV")
+    sim.add_argument("--profiles", type=Path, default=None, metavar="DIR",
+                     help="Pollux profile folder (<model>/placements.csv, ...) the jobs are derived from "
+                          "(default: the packaged profiles; for a Pollux workload CSV <its folder>/../traces "
+                          "when that exists)")
     sim.add_argument("--policies", type=_policies, default=list(ALL_POLICIES),
                      help=f"comma-separated, from {','.join(ALL_POLICIES)} (default: all)")
     sim.add_argument("--gpus", type=_positive_int, default=None, help="cluster GPUs (default 64)")
@@ -86,14 +92,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.restart_cost < 0:
         print(f"ones simulate: --restart-cost must be >= 0, got {args.restart_cost}", file=sys.stderr)
         return 2
-    workload = detect_workload(args.workload, max_jobs=args.jobs, restart_cost_s=args.restart_cost)
+    workload = detect_workload(args.workload, max_jobs=args.jobs, restart_cost_s=args.restart_cost,
+                               profiles=args.profiles)
     default_gpus, default_gpn = workload.default_cluster()
     gpus = args.gpus or default_gpus
     gpn = min(args.gpus_per_node or default_gpn, gpus)
     cluster = Cluster.from_total(gpus, gpn)
     config = SimConfig(interval_s=args.interval, restart_cost_s=args.restart_cost,
                        restart_cost_by_model=args.restart_cost_by_model)
-    print(f"simulating {workload.path.name} ({workload.kind}, {args.jobs or 'all'} jobs) on {gpus} GPUs "
+    print(f"simulating {workload.label} ({workload.kind}, {args.jobs or 'all'} jobs) on {gpus} GPUs "
           f"({gpn} per node), {args.interval:.0f} s rounds, policies: {','.join(args.policies)}", file=sys.stderr)
     results = run_policies(workload, args.policies, cluster, config, seed=args.seed, processes=args.processes,
                            show_progress=not args.no_progress)
@@ -101,11 +108,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     baseline = "ones" if "ones" in results else args.policies[0]
     if args.out:
-        meta = {"workload": str(workload.path), "kind": workload.kind, "jobs": args.jobs, "gpus": gpus,
+        meta = {"workload": str(workload.path), "workload_name": workload.name, "profiles": str(workload.profiles),
+                "kind": workload.kind, "jobs": args.jobs, "gpus": gpus,
                 "gpus_per_node": gpn, "interval_s": args.interval, "restart_cost_s": args.restart_cost,
                 "restart_cost_by_model": args.restart_cost_by_model,
                 "seed": args.seed}
-        summaries = write_outputs(results, args.out, meta, title=f"{workload.path.name}: JCT CDF")
+        summaries = write_outputs(results, args.out, meta, title=f"{workload.label}: JCT CDF")
     else:
         summaries = {name: summarise(res) for name, res in results.items()}
     print(comparison_table(summaries, baseline=baseline))

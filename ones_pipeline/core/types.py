@@ -88,6 +88,10 @@ class JobSpec:
     max_lr: float | None = None
     max_global_batch: int | None = None
     max_per_gpu_batch: int | None = None  # memory limit; larger batches use gradient accumulation
+    # Smallest total batch the job may train with, and the batch its gradient statistics (and so its
+    # statistical efficiency) are relative to (Pollux's M0); None: per_gpu_batch.
+    min_global_batch: int | None = None
+    min_per_gpu_batch: int | None = None  # smallest useful per-GPU micro-batch; None: 1
     requested_gpus: int = 1
     max_gpus: int | None = None  # None: 4x requested (ONES's growth cap)
     stopping: StoppingRule = field(default_factory=lambda: StoppingRule(StopKind.EPOCHS, epochs=1))
@@ -111,6 +115,17 @@ class JobSpec:
             raise ValueError(
                 f"job {self.name}: max_global_batch {self.max_global_batch} must be >= per_gpu_batch "
                 f"{self.per_gpu_batch}"
+            )
+        if self.min_global_batch is not None and not 1 <= self.min_global_batch <= self.global_batch_cap:
+            raise ValueError(
+                f"job {self.name}: min_global_batch must be between 1 and the largest global batch "
+                f"{self.global_batch_cap}, got {self.min_global_batch!r}"
+            )
+        if self.min_per_gpu_batch is not None and not (
+                1 <= self.min_per_gpu_batch <= (self.max_per_gpu_batch or self.min_per_gpu_batch)):
+            raise ValueError(
+                f"job {self.name}: min_per_gpu_batch must be between 1 and max_per_gpu_batch "
+                f"{self.max_per_gpu_batch}, got {self.min_per_gpu_batch!r}"
             )
         if self.max_gpus is not None and self.max_gpus < 1:
             raise ValueError(f"job {self.name}: max_gpus must be >= 1, got {self.max_gpus!r}")
@@ -206,6 +221,9 @@ class Allocation:
     global_batch: int
     lr: float = 0.0
     generation: int = 0
+    # The job re-tunes its own batch in-process (AdaptDL's trainer: goodput-optimal batch for these GPUs,
+    # at every epoch end, no restart); ``global_batch`` is then the batch it trains with now.
+    batch_tuned_by_job: bool = False
 
     def __post_init__(self) -> None:
         gpus = tuple(int(g) for g in self.gpus)
@@ -269,17 +287,19 @@ class Schedule:
         return out
 
     def to_dict(self) -> dict:
-        return {
-            name: {"gpus": list(a.gpus), "global_batch": a.global_batch, "lr": a.lr, "generation": a.generation}
-            for name, a in self.allocations.items()
-        }
+        out = {}
+        for name, a in self.allocations.items():
+            out[name] = {"gpus": list(a.gpus), "global_batch": a.global_batch, "lr": a.lr, "generation": a.generation}
+            if a.batch_tuned_by_job:
+                out[name]["batch_tuned_by_job"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping]) -> "Schedule":
         return cls(
             {
                 name: Allocation(name, tuple(d["gpus"]), int(d["global_batch"]), float(d.get("lr", 0.0)),
-                                 int(d.get("generation", 0)))
+                                 int(d.get("generation", 0)), bool(d.get("batch_tuned_by_job", False)))
                 for name, d in data.items()
             }
         )

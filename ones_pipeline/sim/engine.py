@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 
+from ones_pipeline.core.goodput import job_batch
 from ones_pipeline.core.policy import Policy
 from ones_pipeline.core.types import (
     Allocation,
@@ -118,7 +119,7 @@ class SimResult:
 class _Running:
     __slots__ = ("spec", "truth", "status", "progress", "samples", "record", "alloc", "blocked_until",
                  "obs", "loss_hist", "acc_hist", "next_epoch", "max_gpus_seen", "last_change_s",
-                 "epochs_at_change", "attained_gpu_s", "initial_loss")
+                 "epochs_at_change", "attained_gpu_s", "initial_loss", "gns", "tuned")
 
     def __init__(self, job: SimJob):
         self.spec = job.spec
@@ -139,13 +140,15 @@ class _Running:
         self.epochs_at_change = 0.0
         self.attained_gpu_s = 0.0
         self.initial_loss = float(job.truth.metrics(0.0)[0])
+        self.gns: float | None = None  # gradient noise scale the job measured where it last ran
+        self.tuned: tuple[int, int] | None = None  # (micro-batch, accum steps) the job chose itself
 
     def view(self) -> JobView:
         return JobView(
             spec=self.spec, status=self.status, submit_time_s=self.spec.submit_time_s,
             samples_done=self.samples, progress_samples=self.progress,
             throughput_obs=tuple(self.obs.values()),
-            grad_noise_scale=float(self.truth.grad_noise_scale(self.progress)) if self.record.first_start_s is not None else None,
+            grad_noise_scale=self.gns,
             loss_history=tuple(self.loss_hist), accuracy_history=tuple(self.acc_hist),
             initial_loss=self.initial_loss, restarts=self.record.restarts,
             attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
@@ -160,6 +163,8 @@ def _split(job: _Running) -> tuple[int, int, int]:
     ``max_local_batch``."""
     alloc = job.alloc
     n = alloc.num_gpus
+    if job.tuned is not None:
+        return n, job.tuned[0], job.tuned[1]
     split = getattr(job.truth, "split_batch", None)
     if split is not None:
         micro, accum = split(n, alloc.global_batch)
@@ -188,6 +193,21 @@ def _rate(job: _Running, cluster: Cluster, at_progress: float | None = None) -> 
     eff = float(job.truth.efficiency(job.progress if at_progress is None else at_progress, batch))
     obs = ThroughputObs(n, len(placement), micro, float(step), float(sync))
     return raw * eff, raw, obs
+
+
+def _retune(job: _Running, cluster: Cluster) -> None:
+    """A job that tunes its own batch (``Allocation.batch_tuned_by_job``) picks its goodput-optimal batch
+    for the GPUs it holds from what it has measured (``core.goodput.job_batch``), without a restart."""
+    alloc = job.alloc
+    if alloc is None or not alloc.batch_tuned_by_job:
+        job.tuned = None
+        return
+    placement = cluster.placement(alloc.gpus)
+    micro, accum = job_batch(job.spec, tuple(job.obs.values()), job.gns, len(placement), alloc.num_gpus)
+    job.tuned = (micro, accum)
+    batch = alloc.num_gpus * micro * (accum + 1)
+    if batch != alloc.global_batch:
+        job.alloc = replace(alloc, global_batch=batch)
 
 
 def simulate(
@@ -253,7 +273,12 @@ def simulate(
         # 2. apply: changed allocations pay the restart cost
         for r in active:
             old, new = r.alloc, new_schedule.allocations.get(r.spec.name)
-            if old is not None and new is not None and old.gpus == new.gpus and old.global_batch == new.global_batch:
+            if old is not None and new is not None and old.gpus == new.gpus and (
+                    old.global_batch == new.global_batch or (old.batch_tuned_by_job and new.batch_tuned_by_job)):
+                if new.batch_tuned_by_job:
+                    _retune(r, cluster)  # re-tuned at every round (what it measured last round is in)
+                else:
+                    r.alloc = new
                 continue
             if old is None and new is None:
                 continue
@@ -269,10 +294,11 @@ def simulate(
             else:
                 r.status = JobStatus.PAUSED
             r.alloc = new
+            _retune(r, cluster)
             r.last_change_s = now
             r.epochs_at_change = r.samples / r.spec.dataset_size
             timeline.append((now, r.spec.name, new.num_gpus if new else 0))
-        schedule = new_schedule
+        schedule = Schedule({r.spec.name: r.alloc for r in active if r.alloc is not None})
 
         # 3. advance every running job to the end of the round
         end = now + interval
@@ -301,8 +327,7 @@ def simulate(
             else:
                 still.append(r)
         active = still
-        if done:
-            schedule = Schedule({k: v for k, v in schedule.allocations.items() if k not in done})
+        schedule = Schedule({r.spec.name: r.alloc for r in active if r.alloc is not None})
         now = end
         if on_round is not None:
             on_round(now, finished, len(jobs))
@@ -322,7 +347,9 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
     goodput at ``start`` holds until ``end``.
     """
     changes = getattr(r.truth, "next_rate_change", None) if config.rate_changes_within_round else None
-    epoch_end = getattr(r.truth, "next_epoch_end", None) if config.whole_second_epochs else None
+    adaptive = r.alloc.batch_tuned_by_job
+    # Epoch ends cut the round when they are counted in whole seconds, and where a job re-tunes its batch.
+    epoch_end = getattr(r.truth, "next_epoch_end", None) if (config.whole_second_epochs or adaptive) else None
     total = r.truth.total_progress
     t = anchor = start
     first = True
@@ -338,9 +365,11 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
         # Piecewise-constant efficiency: the rate in force on (progress, goal], i.e. at its middle.
         at = 0.5 * (r.progress + goal) if nxt is not None else None
         rate, raw, obs = _rate(r, cluster, at)
-        if first:
-            r.obs[(obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)] = obs
-            first = False
+        key = (obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)
+        if key not in r.obs:  # a job profiles each configuration once, the first time it runs on it
+            r.obs[key] = obs
+        # What the job's gradient-statistics monitor reports: the noise scale at its batch, now.
+        r.gns = float(r.truth.grad_noise_scale(r.progress if at is None else at, _batch(r)))
         remaining = goal - r.progress
         dt = end - t
         if rate * dt < remaining:  # the round ends first
@@ -351,12 +380,14 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
         r.progress = goal if (nxt is not None or ee is not None) else r.progress + rate * dt
         r.samples += raw * dt
         t += dt
-        if ee is not None and goal >= ee:
+        if ee is not None and goal >= ee and config.whole_second_epochs:
             # Pollux simulator (Job.step): the time from the last event to an epoch end is whole seconds.
             t = anchor = min(anchor + round(t - anchor), end)
         if goal >= total:
             _record_epochs(r, progress0, samples0)
             return t
+        if adaptive and ee is not None and goal >= ee:
+            _retune(r, cluster)  # AdaptDL re-tunes the batch after every epoch
     _record_epochs(r, progress0, samples0)
     return end
 

@@ -263,6 +263,7 @@ class PolluxModelProfile:
         pl = pl.copy()
         pl["key"] = [_placement_key(p) for p in pl["placement"]]
         self.max_local_batch = int(pl["local_bsz"].max())
+        self.min_local_batch = int(pl["local_bsz"].min())
         self.accum_local_batch = min(self.max_local_batch, POLLUX_MAX_LOCAL_BATCH.get(self.model, self.max_local_batch))
         # Exact placements: orderings of the same multiset averaged per local batch.
         self._exact: dict[tuple[int, ...], _BszCurve] = {}
@@ -402,8 +403,17 @@ class PolluxModelProfile:
             return 1.0
         return (var + sqr) / denom / s
 
-    def grad_noise_scale(self, progress: float) -> float:
-        """Pre-conditioned gradient noise scale grad_var / grad_sqr x M0 (samples), from the M0 file."""
+    def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
+        """Pre-conditioned gradient noise scale grad_var / grad_sqr x M0 (samples).
+
+        With ``global_batch``: what a job training at that batch measures, from the gradient statistics
+        of that batch and the epoch in progress (the statistics ``efficiency`` uses, so
+        ``core.efficiency.efficiency(gns, M0, global_batch)`` equals :meth:`efficiency`); this is what
+        the Pollux authors' simulator hands its policy. Without: the M0 file, interpolated along progress.
+        """
+        if global_batch is not None:
+            sqr, var = self._grad_stats(progress, global_batch)
+            return max(var, 1e-12) / max(sqr, 1e-300) * self.base_batch
         steps = progress / self.base_batch
         sqr = _interp(steps, self._val_prog[0], self._val_sqr[0])
         var = _interp(steps, self._val_prog[0], self._val_var[0])

@@ -24,41 +24,75 @@ ALL_POLICIES = ("ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux")
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """Where a workload comes from and the cluster it runs on by default."""
+    """Where a workload comes from and the cluster it runs on by default.
+
+    ``profiles``: the Pollux profile folder the jobs' ground truth is read from (``None``: the loader's
+    default, see :func:`detect_workload`); ``name``: the packaged workload name (``pollux:workload-6``) when
+    the workload was given by name.
+    """
 
     path: Path
     kind: str  # "pollux" or "ones"
     max_jobs: int | None = None
     restart_cost_s: float = 30.0
+    profiles: Path | None = None
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The packaged name, or the file name."""
+        return self.name or self.path.name
 
     def load(self) -> list[SimJob]:
         if self.kind == "pollux":
             from ones_pipeline.sim.workloads import load_pollux_workload
 
-            return load_pollux_workload(self.path, restart_cost_s=self.restart_cost_s, max_jobs=self.max_jobs)
+            return load_pollux_workload(self.path, traces_dir=self.profiles, restart_cost_s=self.restart_cost_s,
+                                        max_jobs=self.max_jobs)
         from ones_pipeline.sim.ones_trace import load_ones_trace
 
-        return load_ones_trace(self.path, max_jobs=self.max_jobs, restart_cost_s=self.restart_cost_s)
+        return load_ones_trace(self.path, max_jobs=self.max_jobs, pollux_traces_dir=self.profiles,
+                               restart_cost_s=self.restart_cost_s)
 
     def default_cluster(self) -> tuple[int, int]:
         """(GPUs, GPUs per node): 16 nodes x 4 for Pollux workloads, 64 GPUs x 4 per node for ONES."""
         return 64, 4
 
 
-def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restart_cost_s: float = 30.0) -> WorkloadSpec:
-    """Recognise a workload file by its header (Pollux workload or ONES trace)."""
+def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restart_cost_s: float = 30.0,
+                    profiles: str | os.PathLike | None = None) -> WorkloadSpec:
+    """Recognise a workload: a packaged name (``pollux:workload-N``, ``pollux-0.5:workload-N``,
+    ``pollux-1.5:workload-N``, N = 1..8) or a CSV file, by its header (Pollux workload or ONES trace).
+
+    ``profiles``: the Pollux profile folder (it must exist). Default: the packaged profiles for a packaged
+    name and for an ONES trace; ``<CSV folder>/../traces`` for a Pollux workload CSV, or the packaged
+    profiles when that folder does not exist. An unknown name raises
+    :class:`~ones_pipeline.sim.packaged.UnknownWorkloadError` (a :class:`TraceError`) listing the names.
+    """
+    from ones_pipeline.sim import packaged
+
+    name = None
+    if not Path(path).exists() and packaged.looks_like_name(path):
+        name = packaged.canonical_name(os.fspath(path))
+        path = packaged.workload_path(name)
     path = Path(path)
     if not path.is_file():
-        raise TraceError(path, "file not found" if not path.exists() else "not a regular file")
+        if path.exists():
+            raise TraceError(path, "not a regular file")
+        raise TraceError(path, f"file not found; a workload is {packaged.allowed_text()}")
+    if profiles is not None:
+        profiles = packaged.check_profiles_dir(profiles)
     with path.open(newline="") as fh:
         header = next(csv.reader(fh), None)
     if not header:
         raise TraceError(path, "empty file: expected a CSV header")
     cols = {h.strip() for h in header}
     if cols == POLLUX_COLUMNS:
-        return WorkloadSpec(path, "pollux", max_jobs, restart_cost_s)
+        if profiles is None:
+            profiles = packaged.profiles_dir() if name else packaged.default_profiles_for(path)
+        return WorkloadSpec(path, "pollux", max_jobs, restart_cost_s, profiles, name)
     if cols == ONES_COLUMNS:
-        return WorkloadSpec(path, "ones", max_jobs, restart_cost_s)
+        return WorkloadSpec(path, "ones", max_jobs, restart_cost_s, profiles or packaged.profiles_dir(), name)
     pollux_miss, ones_miss = POLLUX_COLUMNS - cols, ONES_COLUMNS - cols
     kind, missing, allowed = (("Pollux workload", pollux_miss, POLLUX_COLUMNS) if len(pollux_miss) <= len(ones_miss)
                               else ("ONES trace", ones_miss, ONES_COLUMNS))

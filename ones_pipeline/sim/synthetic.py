@@ -38,7 +38,7 @@ class SyntheticTruth:
     def efficiency(self, progress: float, global_batch: float) -> float:
         return 1.0
 
-    def grad_noise_scale(self, progress: float) -> float:
+    def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
         return 1e9  # effectively no large-batch penalty
 
     def metrics(self, progress: float) -> tuple[float, float]:

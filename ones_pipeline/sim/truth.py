@@ -42,8 +42,9 @@ class JobTruth(Protocol):
     def efficiency(self, progress: float, global_batch: float) -> float:
         """Base-equivalent samples per sample processed at ``global_batch`` (<= 1 above the base batch)."""
 
-    def grad_noise_scale(self, progress: float) -> float:
-        """Gradient noise scale in samples at this progress (what a job's own monitor would report)."""
+    def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
+        """Gradient noise scale in samples at this progress and (when given) total batch: what the job's
+        own gradient-statistics monitor reports while it trains at that batch."""
 
     def metrics(self, progress: float) -> tuple[float, float]:
         """(loss, accuracy in [0, 1]) after training to ``progress``."""

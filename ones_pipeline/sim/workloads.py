@@ -43,7 +43,8 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
                          max_jobs: int | None = None) -> list[SimJob]:
     """Jobs of a Pollux workload CSV (``name,time,application,num_replicas,batch_size``), in file order.
 
-    ``traces_dir`` (default ``<folder of the file>/../traces``) holds the per-model profiles. Every row is
+    ``traces_dir`` (default ``<folder of the file>/../traces``, or the packaged profiles when that folder
+    does not exist) holds the per-model profiles. Every row is
     validated (a bad row raises :class:`TraceError` naming the file, the 1-based data row and the field;
     nothing is skipped); ``max_jobs`` then keeps the first N rows.
 
@@ -51,7 +52,9 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
     ``dataset_size`` = the profile's samples per epoch, ``per_gpu_batch`` = ceil(batch_size /
     num_replicas), ``requested_gpus`` = num_replicas (the rigid baselines' GPU count),
     ``max_global_batch`` = the largest profiled batch (raised to ``per_gpu_batch * num_replicas`` if that
-    is larger, so a rigid baseline always gets its trace batch), ``max_per_gpu_batch`` = the largest per-GPU micro-batch
+    is larger, so a rigid baseline always gets its trace batch), ``min_global_batch`` = M0 (the smallest validated batch: gradient statistics and efficiency are
+    relative to it, and no job trains below it), ``min_per_gpu_batch`` = the smallest profiled local
+    batch, ``max_per_gpu_batch`` = the largest per-GPU micro-batch
     the ground truth runs without accumulation (``accum_local_batch``: the largest profiled local batch,
     8 for yolov3 as in the Pollux simulator; bigger per-GPU batches need gradient accumulation: every
     bert row, 24..64 per GPU vs 12),
@@ -67,7 +70,9 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
         raise ValueError(f"max_jobs must be an integer >= 1 or None, got {max_jobs!r}")
     if not path.is_file():
         raise TraceError(path, "workload file not found")
-    traces = Path(traces_dir) if traces_dir is not None else path.resolve().parent.parent / "traces"
+    from ones_pipeline.sim.packaged import default_profiles_for
+
+    traces = Path(traces_dir) if traces_dir is not None else default_profiles_for(path)
     allowed = ", ".join(POLLUX_WORKLOAD_COLUMNS)
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
@@ -136,6 +141,8 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
                 base_lr=0.1,
                 max_global_batch=max(int(prof.max_batch), per_gpu * replicas),
                 max_per_gpu_batch=int(prof.accum_local_batch),
+                min_global_batch=int(prof.base_batch),
+                min_per_gpu_batch=min(int(prof.min_local_batch), int(prof.accum_local_batch)),
                 requested_gpus=replicas,
                 stopping=StoppingRule(StopKind.EPOCHS, epochs=prof.total_progress / prof.dataset_size),
                 submit_time_s=time_s,

@@ -1,378 +1,333 @@
-"""Pollux: co-adaptive GPU count and batch size by goodput (Qiao et al., OSDI'21).
+"""Pollux: goodput-driven co-adaptive scheduling (Qiao et al., OSDI'21), as the Pollux authors' simulator
+runs it (petuum/adaptdl, branch ``osdi21-artifact``, ``simulator/pollux.py``; read, not copied).
 
-Configured as in the Pollux authors' simulator: a genetic search over allocations (population 100, 100
-generations per round, warm-started from the previous round), fitness = power mean with p = -1 of each
-job's speedup, restart penalty ``(age - restarts * 30) / (age + 30)``, a job offered at most twice the
-largest GPU count it has run on, NCF jobs pinned to one GPU, at most one multi-node job per node.
+The scheduler decides only *where* each job runs; every job picks its own batch for the GPUs it holds
+(``Allocation.batch_tuned_by_job``: AdaptDL's trainer re-tunes it in-process at every reallocation and
+after every epoch, without a restart). What the policy does each round:
 
-Design choices (the paper leaves them open or this core models less than Pollux's simulator):
+* **Jobs** in the order (attained GPU-seconds, submit time): earlier jobs win conflicts in repair.
+* **Candidates** are job x node matrices of GPU counts, a population of ``population`` (100) evolved for
+  ``generations`` (100) and warm-started from the last round's population (remapped by job name; new
+  jobs start with nothing). The first round starts from the current allocation alone.
+* **Speedup** of job ``j`` on ``k`` nodes and ``r`` GPUs: its goodput at its best batch there divided by
+  its goodput at the fair share (1 node, ceil(GPUs / jobs) GPUs), both from the job's own fitted model
+  (``core.goodput``: fitted to the configurations it has run on, its measured gradient noise scale). A job
+  that has never run has ``r / fair share``. Speedups are scaled by nodes / GPUs (a node's worth = 1).
+* **Restart factor**: a job whose row changes (any node's count, including a first start) has its speedup
+  multiplied by ``max(age - restarts x 30, 0) / (age + 30)`` (age = seconds since submit).
+* **Fitness**: the power mean with ``p = -1`` of (speedup + 0.001) over all jobs, maximised (a job with
+  no GPUs counts 0.001, so the search first runs as many jobs as it can).
+* **Operators** (all draws from the policy's generator): binary tournament; single-point crossover over
+  jobs (probability 0.9); mutation: with probability 0.1 a job's row is reset to the current allocation,
+  with probability 0.1 each of its entries is zeroed with probability 0.1, and on nodes with free GPUs an
+  entry is raised to a uniform count up to the node size (about one node per job, nodes where the job
+  already runs twice as likely); repair: at most one multi-node job per node (the earliest keeps it), at
+  most ``max_replicas`` GPUs per job (kept on randomly ordered nodes), node capacity (earlier jobs keep
+  theirs).
+* **Limits**: a job is offered at most ``max(2 x the most GPUs it has run on, 1)`` GPUs, at most 64, at
+  most its largest batch / smallest micro-batch; ``pinned_models`` (NCF) get one GPU and a fixed batch.
+* **Survival**: the best ``population`` distinct candidates of parents and children by fitness. (The
+  authors run NSGA-II with cluster utility as a second objective and pick the best fitness on the Pareto
+  front; on a fixed cluster that second objective only shapes diversity.)
 
-* **Genes are GPU counts, not node placements.** The population is one ``(population, jobs)`` int array
-  of indices into each job's allowed counts: ``0 .. min(N, gpus_per_node)`` and, beyond one node, whole
-  nodes only (``2g, 3g, ...`` for ``g`` GPUs per node, the largest node size). Whole nodes make "at most
-  one multi-node job per node" hold by construction and give the speed model an exact node count
-  ``ceil(n / g)``. Concrete GPUs are chosen afterwards by ``place_counts`` (largest jobs first, so
-  multi-node jobs take the emptiest nodes; unchanged counts keep their GPUs).
-* **Speedup baseline = one GPU.** ``speedup(n) = goodput(n, best batch) / goodput(1, best batch)`` (the
-  max over batch sizes in both, as in the paper). The paper's fair share is the job's 1/J of the cluster;
-  in a loaded cluster that is one GPU or less, and a one-GPU baseline keeps speedups independent of the
-  number of jobs, so a job's own speedup changes only with its own allocation.
-* **Jobs without GPUs** count with speedup ``idle_speedup`` (default 0.01) instead of 0, which would make
-  the power mean with p < 0 zero for every candidate whenever jobs outnumber GPUs. With p = -1 the
-  search thus first maximises the number of running jobs, then the harmonic mean of their speedups.
-* **Restart penalty** multiplies the speedup of a *running* job whose GPU count would change (age = seconds
-  since submit, clipped to [0, 1]); starting a waiting job costs it nothing it would otherwise have.
-* **Batch**: for each count, the best global batch on a geometric grid of ``batch_grid_size`` sizes from
-  ``per_gpu_batch`` (the base batch) to ``spec.global_batch_cap`` (or ``max_batch_scale`` x the base batch
-  when the spec sets no cap), and at least one sample per GPU. A running job whose count is unchanged
-  keeps its current batch unless the best one beats it by more than ``batch_change_threshold`` (a batch
-  change restarts the job in the simulator and in the live pipeline).
-* **Operators** (all draws from the policy's generator): binary tournament selection, uniform crossover,
-  mutation of ``mutation_genes`` genes per child on average (a step to the neighbouring count, or a
-  uniformly drawn count), repair of over-full candidates by lowering a common per-job GPU ceiling
-  ("water level") until they fit, then dropping random jobs if there are more jobs than GPUs, and
-  elitist survival of the best ``population`` of parents and children. The starting population always
-  holds the current allocation, "one GPU each in submit order" and a greedy candidate (from nothing,
-  repeatedly the move up with the steepest objective decrease per added GPU): at thousands of jobs,
-  100 generations of a few mutated genes per child cannot fill a cluster from random candidates, and
-  the greedy seed keeps the search useful there.
+GPU slots: a job whose row is unchanged keeps its GPUs; a changed job takes, on each node, GPUs it held
+there first, then free ones.
 """
 
 from __future__ import annotations
 
-import heapq
+import math
 import time
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core import estimates
+from ones_pipeline.core import goodput as gp
 from ones_pipeline.core.baselines.common import (
     BaselinePolicy,
     active_views,
+    check_bool,
     check_float,
     check_int,
-    held_gpus,
     new_allocation,
-    submit_order,
 )
-from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
+
+_ZERO_SPEEDUP = 1e-3  # added to every speedup in the power mean (a job with no GPUs counts this much)
+
+
+def _order(views: Sequence[JobView]) -> list[JobView]:
+    return sorted(views, key=lambda v: (v.attained_gpu_s, v.submit_time_s, v.name))
+
+
+def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, num_nodes: int,
+                  fair_replicas: int) -> np.ndarray:
+    """(J, num_nodes + 1, R + 1) speedup of each job on k nodes and r GPUs (R = max of ``max_replicas``),
+    0 where k > r or r > the job's limit; see the module docstring."""
+    J = len(views)
+    R = int(max_replicas.max()) if J else 0
+    table = np.zeros((J, num_nodes + 1, R + 1))
+    r_all = np.arange(R + 1)
+    rows_j, rows_k, rows_r = [], [], []
+    for j, v in enumerate(views):
+        if not v.throughput_obs or v.grad_noise_scale is None:
+            table[j, 1:, :] = r_all[None, :] / fair_replicas
+            table[j][np.arange(num_nodes + 1)[:, None] > r_all[None, :]] = 0.0
+            table[j, :, int(max_replicas[j]) + 1:] = 0.0
+            continue
+        for r in range(1, int(max_replicas[j]) + 1):
+            for k in range(1, min(r, num_nodes) + 1):
+                rows_j.append(j), rows_k.append(k), rows_r.append(r)
+        rows_j.append(j), rows_k.append(1), rows_r.append(fair_replicas)  # the fair-share base, last
+    if rows_j:
+        jj = np.array(rows_j)
+        kk = np.array(rows_k, dtype=float)
+        rr = np.array(rows_r, dtype=float)
+        lim = np.array([gp.batch_limits(v.spec) for v in views])  # (J, 4)
+        params = np.stack([gp.fitted(tuple(v.throughput_obs)) if v.throughput_obs else np.zeros(gp.N_PERF)
+                           for v in views])
+        gns = np.array([v.grad_noise_scale or 0.0 for v in views])
+        good, _, _ = gp.best_batch(params[jj], gns[jj], lim[jj, 0], lim[jj, 1], lim[jj, 2], lim[jj, 3], kk, rr)
+        # Per job, the last row is its base.
+        last = np.flatnonzero(np.r_[jj[1:] != jj[:-1], True])
+        base = np.repeat(good[last], np.diff(np.r_[-1, last]))
+        ratio = np.where(base > 0, good / np.where(base > 0, base, 1.0), 0.0)
+        body = np.ones(len(jj), dtype=bool)
+        body[last] = False
+        table[jj[body], kk[body].astype(int), rr[body].astype(int)] = ratio[body]
+    return table
 
 
 @register("pollux")
 class PolluxPolicy(BaselinePolicy):
-    """Goodput-maximising co-adaptive allocation by genetic search (see the module docstring)."""
+    """Pollux as its authors simulate it (see the module docstring)."""
 
     name = "pollux"
 
     def __init__(self, seed: int = 0, population: int = 100, generations: int = 100, fairness_p: float = -1.0,
-                 restart_penalty_s: float = 30.0, idle_speedup: float = 0.01, batch_grid_size: int = 16,
-                 max_batch_scale: float = 64.0, batch_change_threshold: float = 0.05, mutation_genes: float = 2.0,
-                 pinned_models: Sequence[str] = ("ncf",), time_budget_s: float | None = None) -> None:
+                 restart_penalty_s: float = 30.0, max_scale_out: float = 2.0, max_replicas: int = 64,
+                 crossover_p: float = 0.9, pinned_models: Sequence[str] = ("ncf",), jobs_tune_batch: bool = True,
+                 time_budget_s: float | None = None) -> None:
         super().__init__(seed)
         self.population = check_int(self.name, "population", population, 2)
         self.generations = check_int(self.name, "generations", generations, 0)
         self.fairness_p = check_float(self.name, "fairness_p", fairness_p, maximum=1.0)
         self.restart_penalty_s = check_float(self.name, "restart_penalty_s", restart_penalty_s, 0.0)
-        self.idle_speedup = check_float(self.name, "idle_speedup", idle_speedup, 0.0, 1.0, strict_min=True)
-        self.batch_grid_size = check_int(self.name, "batch_grid_size", batch_grid_size, 1)
-        self.max_batch_scale = check_float(self.name, "max_batch_scale", max_batch_scale, 1.0)
-        self.batch_change_threshold = check_float(self.name, "batch_change_threshold", batch_change_threshold, 0.0)
-        self.mutation_genes = check_float(self.name, "mutation_genes", mutation_genes, 0.0)
+        self.max_scale_out = check_float(self.name, "max_scale_out", max_scale_out, 1.0)
+        self.max_replicas = check_int(self.name, "max_replicas", max_replicas, 1)
+        self.crossover_p = check_float(self.name, "crossover_p", crossover_p, 0.0, 1.0)
         if isinstance(pinned_models, (str, bytes)) or not all(isinstance(m, str) for m in pinned_models):
             raise ValueError(f"{self.name}: pinned_models must be a list of model names, got {pinned_models!r}")
         self.pinned_models = tuple(pinned_models)
+        self.jobs_tune_batch = check_bool(self.name, "jobs_tune_batch", jobs_tune_batch)
         self.time_budget_s = (None if time_budget_s is None else
                               check_float(self.name, "time_budget_s", time_budget_s, 0.0, strict_min=True))
-        # Warm start: the last round's population (best first) as GPU counts, one column per job name.
+        # Warm start: the last round's population, (P, jobs, nodes), one job axis entry per name.
         self._pop_jobs: list[str] = []
-        self._pop_counts = np.zeros((0, 0), dtype=np.int64)
+        self._pop = np.zeros((0, 0, 0), dtype=np.int64)
 
     def params(self) -> dict[str, Any]:
         return {"population": self.population, "generations": self.generations, "fairness_p": self.fairness_p,
-                "restart_penalty_s": self.restart_penalty_s, "idle_speedup": self.idle_speedup,
-                "batch_grid_size": self.batch_grid_size, "max_batch_scale": self.max_batch_scale,
-                "batch_change_threshold": self.batch_change_threshold, "mutation_genes": self.mutation_genes,
-                "pinned_models": list(self.pinned_models), "time_budget_s": self.time_budget_s}
+                "restart_penalty_s": self.restart_penalty_s, "max_scale_out": self.max_scale_out,
+                "max_replicas": self.max_replicas, "crossover_p": self.crossover_p,
+                "pinned_models": list(self.pinned_models), "jobs_tune_batch": self.jobs_tune_batch,
+                "time_budget_s": self.time_budget_s}
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"population_jobs": list(self._pop_jobs), "population_counts": self._pop_counts.tolist()}
+        return {"population_jobs": list(self._pop_jobs), "population": self._pop.tolist()}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         jobs = [str(j) for j in state.get("population_jobs", [])]
-        counts = np.asarray(state.get("population_counts", []), dtype=np.int64)
-        if counts.size == 0:
-            counts = np.zeros((0, len(jobs)), dtype=np.int64)
-        if counts.ndim != 2 or counts.shape[1] != len(jobs) or (counts < 0).any():
-            raise ValueError(f"{self.name}: state 'population_counts' must be a list of rows of "
-                             f"{len(jobs)} GPU counts >= 0 (one per 'population_jobs'), got shape {counts.shape}")
-        self._pop_jobs, self._pop_counts = jobs, counts
+        pop = np.asarray(state.get("population", []), dtype=np.int64)
+        if pop.size == 0:
+            pop = np.zeros((0, len(jobs), 0), dtype=np.int64)
+        if pop.ndim != 3 or pop.shape[1] != len(jobs) or (pop < 0).any():
+            raise ValueError(f"{self.name}: state 'population' must be (candidates x {len(jobs)} jobs x nodes) "
+                             f"GPU counts >= 0, got shape {pop.shape}")
+        self._pop_jobs, self._pop = jobs, pop
 
     # ----------------------------------------------------------------------------------------------
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
-        views = submit_order(active_views(self.name, jobs))
+        views = _order(active_views(self.name, jobs))
         if not views:
-            self._pop_jobs, self._pop_counts = [], np.zeros((0, 0), dtype=np.int64)
+            self._pop_jobs, self._pop = [], np.zeros((0, 0, 0), dtype=np.int64)
             return Schedule({})
-        problem = _Problem.build(self, now_s, cluster, views, current)
-        pop = self._initial_population(problem)
-        pop, cost = self._evolve(problem, pop)
-        best = problem.count_of(pop[0])  # (J,)
-        self._pop_jobs = [v.name for v in views]
-        self._pop_counts = problem.count_of(pop)
-
-        batches = problem.batch_for(best, current)
-        placed = place_counts(cluster, [(v.name, int(n)) for v, n in zip(views, best)], problem.held)
-        allocations: dict[str, Allocation] = {}
-        for j, view in enumerate(views):
-            if view.name in placed:
-                allocations[view.name] = new_allocation(view, placed[view.name], int(batches[j]), current)
-        return Schedule(allocations)
+        pb = _Problem(self, now_s, cluster, views, current)
+        pop = pb.repair(self._initial_population(pb), self._rng)
+        pop = self._evolve(pb, pop)
+        self._pop_jobs, self._pop = [v.name for v in views], pop
+        return pb.schedule(pop[0], current, self.jobs_tune_batch)
 
     def _initial_population(self, pb: "_Problem") -> np.ndarray:
-        """(population, J) gene indices, best first: the previous population remapped by job name (new
-        jobs drawn at random), one GPU each in submit order, the current allocation, the greedy
-        candidate, random candidates for the rest; all repaired."""
-        P, J = self.population, pb.J
-        pop = np.empty((max(P, 3), J), dtype=np.int64)
-        rows = 0
-        if self._pop_counts.shape[0] and self._pop_jobs:
-            old_col = {name: k for k, name in enumerate(self._pop_jobs)}
-            prev = self._pop_counts[: max(P - 3, 0)]  # the last round's best rows
-            fill = pb.random_genes(prev.shape[0], self._rng)
-            for j, name in enumerate(pb.names):
-                if name in old_col:
-                    fill[:, j] = pb.index_of(np.minimum(prev[:, old_col[name]], pb.max_n[j]), j)
-            pop[: prev.shape[0]] = fill
-            rows = prev.shape[0]
-        ones = np.zeros(J, dtype=np.int64)
-        ones[: min(J, pb.capacity)] = 1
-        pop[rows] = ones
-        pop[rows + 1] = pb.index_of(pb.cur_n)
-        pop[rows + 2] = pb.grow_greedily(np.zeros(J, dtype=np.int64))
-        rows += 3
-        if rows < P:
-            pop[rows:] = pb.random_genes(P - rows, self._rng)
-        pop = pb.repair(pop, self._rng)
-        return pop[np.argsort(pb.cost(pop), kind="stable")[:P]]
+        """(P0, J, N): the last round's candidates remapped to this round's jobs, or the current state."""
+        if self._pop.shape[0] == 0 or self._pop.shape[2] != pb.N:
+            return pb.base[None].copy()
+        col = {name: k for k, name in enumerate(self._pop_jobs)}
+        pop = np.zeros((self._pop.shape[0], pb.J, pb.N), dtype=np.int64)
+        for j, name in enumerate(pb.names):
+            if name in col:
+                pop[:, j] = self._pop[:, col[name]]
+        return pop
 
-    def _evolve(self, pb: "_Problem", pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Run the generations; returns the population sorted best first and its costs."""
+    def _evolve(self, pb: "_Problem", pop: np.ndarray) -> np.ndarray:
+        """Run the generations; returns the population sorted best first."""
         rng = self._rng
-        P, J = pop.shape
-        cost = pb.cost(pop)
-        order = np.argsort(cost, kind="stable")
-        pop, cost = pop[order], cost[order]
-        p_mut = min(1.0, self.mutation_genes / J)
+        P = self.population
+        pop, fit = _survive(pop, pb.fitness(pop), P)
         start = time.perf_counter()
         for _ in range(self.generations):
             if self.time_budget_s is not None and time.perf_counter() - start > self.time_budget_s:
                 break
-            a, b = rng.integers(P, size=(2, 2, P))  # two binary tournaments per child
-            mother = np.where(cost[a[0]] <= cost[a[1]], a[0], a[1])
-            father = np.where(cost[b[0]] <= cost[b[1]], b[0], b[1])
-            child = np.where(rng.random((P, J)) < 0.5, pop[mother], pop[father])  # uniform crossover
-            rows, cols = np.nonzero(rng.random((P, J)) < p_mut)
-            if rows.size:
-                length = pb.length[cols]
-                step = np.where(rng.random(rows.size) < 0.5, -1, 1)
-                neighbour = np.clip(child[rows, cols] + step, 0, length - 1)
-                uniform = (rng.random(rows.size) * length).astype(np.int64)
-                child[rows, cols] = np.where(rng.random(rows.size) < 0.7, neighbour, uniform)
-            child = pb.repair(child, rng)
-            both = np.concatenate([pop, child])
-            both_cost = np.concatenate([cost, pb.cost(child)])
-            keep = np.argsort(both_cost, kind="stable")[:P]
-            pop, cost = both[keep], both_cost[keep]
-        return pop, cost
+            n = pop.shape[0]
+            pairs = (P + 1) // 2
+            a, b = rng.integers(n, size=(2, 2, pairs))  # binary tournaments for both parents
+            mother = np.where(fit[a[0]] >= fit[a[1]], a[0], a[1])
+            father = np.where(fit[b[0]] >= fit[b[1]], b[0], b[1])
+            point = rng.integers(pb.J, size=pairs)
+            cross = (np.arange(pb.J)[None, :] < point[:, None]) & (rng.random(pairs) < self.crossover_p)[:, None]
+            m, f = pop[mother], pop[father]
+            c1 = np.where(cross[:, :, None], f, m)
+            c2 = np.where(cross[:, :, None], m, f)
+            child = np.concatenate([c1, c2])[:P]
+            child = pb.repair(pb.mutate(child, rng), rng)
+            pop, fit = _survive(np.concatenate([pop, child]), np.concatenate([fit, pb.fitness(child)]), P)
+        return pop
+
+
+def _survive(pop: np.ndarray, fit: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``size`` distinct candidates, best first."""
+    flat = pop.reshape(pop.shape[0], -1)
+    _, first = np.unique(flat, axis=0, return_index=True)
+    first = first[np.argsort(-fit[first], kind="stable")][:size]
+    return pop[first], fit[first]
 
 
 class _Problem:
-    """One round's search problem: per-job allowed counts, speedup and objective tables (arrays only)."""
+    """One round: jobs x nodes, limits, speedup table, base state; fitness and operators (arrays only)."""
 
-    def __init__(self) -> None:  # filled by build()
-        pass
-
-    @classmethod
-    def build(cls, policy: PolluxPolicy, now_s: float, cluster: Cluster, views: Sequence[JobView],
-              current: Schedule) -> "_Problem":
-        pb = cls()
-        J = len(views)
-        pb.J, pb.names, pb.views = J, [v.name for v in views], list(views)
-        pb.capacity = cluster.num_gpus
-        pb.gpn = g = max(cluster.gpus_per_node)
-        pb.held = held_gpus(cluster, current, pb.names)
-        pb.cur_n = np.array([len(pb.held.get(v.name, ())) for v in views], dtype=np.int64)  # (J,)
-        # Largest count offered: 2x the largest seen (at least 1), gpu_cap, cluster, 1 sample per GPU.
-        max_n = np.array([1 if v.spec.model in policy.pinned_models else
-                          max(1, min(2 * v.max_gpus_seen, v.spec.gpu_cap, cluster.num_gpus, v.spec.global_batch_cap))
-                          for v in views], dtype=np.int64)
-        pb.max_n = max_n  # (J,)
-        pb.length = np.where(max_n <= g, max_n + 1, g + max_n // g)  # (J,) allowed counts incl. 0
-        L = int(pb.length.max())
-        idx = np.arange(L)
-        counts = np.broadcast_to(np.where(idx <= g, idx, (idx - g + 1) * g), (J, L))  # (J, L)
-        valid = idx[None, :] < pb.length[:, None]  # (J, L)
-        n = np.where(valid, counts, 1).astype(float)  # (J, L) GPU count, 1 where padded
-
-        # Goodput at every count for every batch on the grid: (J, L, G).
-        params = estimates.fitted_params(views)  # (J, 6)
-        gns = estimates.noise_scales(views)  # (J,)
-        base = np.array([v.spec.per_gpu_batch for v in views], dtype=float)  # (J,)
-        upper = np.array([v.spec.global_batch_cap if (v.spec.max_lr is not None or v.spec.max_global_batch is not None)
-                          else v.spec.per_gpu_batch * policy.max_batch_scale for v in views], dtype=float)
-        max_local = np.array([v.spec.max_per_gpu_batch or np.inf for v in views], dtype=float)
-        G = policy.batch_grid_size
-        frac = np.linspace(0.0, 1.0, G) if G > 1 else np.zeros(1)
-        grid = np.floor(base[:, None] * (upper / base)[:, None] ** frac[None, :])  # (J, G)
-        batch = np.maximum(grid[:, None, :], n[:, :, None])  # (J, L, G) at least one sample per GPU
-        nodes = np.ceil(n / g)[:, :, None]
-        good = estimates.goodput_of(params[:, None, None, :], gns[:, None, None], base[:, None, None],
-                                    max_local[:, None, None], n[:, :, None], nodes, batch)  # (J, L, G)
-        best_g = np.argmax(good, axis=2)  # (J, L)
-        best = np.take_along_axis(good, best_g[:, :, None], axis=2)[:, :, 0]  # (J, L)
-        pb.best_batch = np.take_along_axis(batch, best_g[:, :, None], axis=2)[:, :, 0].astype(np.int64)
-        pb.best_goodput = best
-        pb.params, pb.gns, pb.base, pb.max_local = params, gns, base, max_local
-
-        speedup = np.where(valid, best / best[:, 1:2], 0.0)  # (J, L) over one GPU at its best batch
-        speedup[:, 0] = 0.0
-        # Restart penalty for running jobs whose count would change.
+    def __init__(self, policy: PolluxPolicy, now_s: float, cluster: Cluster, views: Sequence[JobView],
+                 current: Schedule) -> None:
+        self.views = list(views)
+        self.names = [v.name for v in views]
+        self.J, self.N, self.G = len(views), cluster.num_nodes, cluster.num_gpus
+        self.cluster = cluster
+        self.node_cap = np.array(cluster.gpus_per_node, dtype=np.int64)  # (N,)
+        node_of = cluster.node_of
+        self.base = np.zeros((self.J, self.N), dtype=np.int64)  # (J, N) current GPUs per node
+        for j, v in enumerate(views):
+            alloc = current.allocations.get(v.name)
+            if alloc is not None:
+                np.add.at(self.base[j], node_of[list(alloc.gpus)], 1)
+        self.pinned = np.array([v.spec.model in policy.pinned_models for v in views])
+        limit = []
+        for v, pinned in zip(views, self.pinned):
+            _, top, lo_micro, _ = gp.batch_limits(v.spec)
+            seen = max((o.num_gpus for o in v.throughput_obs), default=0)
+            cap = min(max(int(policy.max_scale_out * seen), 1), policy.max_replicas, int(top // lo_micro),
+                      v.spec.gpu_cap, self.G)
+            limit.append(1 if pinned else max(cap, 1))
+        self.max_replicas = np.array(limit, dtype=np.int64)  # (J,)
+        fair = int(math.ceil(self.G / self.J))
+        self.speedup = speedup_table(views, self.max_replicas, self.N, fair) * (self.N / self.G)  # (J, N+1, R+1)
         age = np.array([max(now_s - v.submit_time_s, 0.0) for v in views])
         restarts = np.array([v.restarts for v in views], dtype=float)
-        delta = policy.restart_penalty_s
-        factor = np.clip((age - restarts * delta) / (age + delta), 0.0, 1.0) if delta > 0 else np.ones(J)
-        cur_idx = pb.index_of(pb.cur_n)
-        conforming = pb.count_of(cur_idx) == pb.cur_n
-        changed = (idx[None, :] != cur_idx[:, None]) | ~conforming[:, None]
-        penalised = (pb.cur_n > 0)[:, None] & changed & (idx[None, :] > 0)
-        speedup = np.where(penalised, speedup * factor[:, None], speedup)
-        pb.speedup = speedup
+        delay = policy.restart_penalty_s
+        self.factor = np.maximum(age - restarts * delay, 0.0) / (age + delay) if delay > 0 else np.ones(self.J)
+        self.p = policy.fairness_p
+        self._jobs = np.arange(self.J)
 
-        s = np.maximum(speedup, policy.idle_speedup)
-        p = policy.fairness_p
-        if p < 0:
-            obj = s ** p
-        elif p == 0:
-            obj = -np.log(s)
-        else:
-            obj = -(s ** p)
-        pb.objective = np.where(valid, obj, np.inf)  # (J, L) cost of each gene value; lower is better
-        pb.fairness_p, pb.idle_speedup = p, policy.idle_speedup
-        pb.batch_change_threshold = policy.batch_change_threshold
-        pb._cols = np.arange(J)
-        return pb
-
-    # Gene index <-> GPU count.
-    def count_of(self, idx: np.ndarray) -> np.ndarray:
-        g = self.gpn
-        return np.where(idx <= g, idx, (idx - g + 1) * g)
-
-    def index_of(self, count: np.ndarray, j: int | None = None) -> np.ndarray:
-        """Index of the largest allowed count <= ``count`` (per job, or for job ``j``)."""
-        g = self.gpn
-        max_n = self.max_n if j is None else self.max_n[j]
-        c = np.minimum(np.asarray(count, dtype=np.int64), max_n)
-        return np.where(c <= g, c, g + c // g - 1)
-
-    def random_genes(self, rows: int, rng: np.random.Generator) -> np.ndarray:
-        """(rows, J) uniformly drawn gene indices (not yet repaired)."""
-        return (rng.random((rows, self.J)) * self.length[None, :]).astype(np.int64)
-
-    def cost(self, pop: np.ndarray) -> np.ndarray:
-        """(P,) sum of per-job objective terms (minimised)."""
-        return self.objective[self._cols[None, :], pop].sum(axis=1)
-
+    # ---------------------------------------------------------------- fitness
     def fitness(self, pop: np.ndarray) -> np.ndarray:
-        """(P,) power mean of the (floored) speedups, the quantity the search maximises."""
-        s = np.maximum(self.speedup[self._cols[None, :], pop], self.idle_speedup)
-        p = self.fairness_p
-        if p == 0:
+        """(P,) power mean of (restart-penalised, scaled) speedups + 0.001: maximised."""
+        k = np.count_nonzero(pop, axis=2)  # (P, J) nodes used
+        r = pop.sum(axis=2)  # (P, J) GPUs
+        s = self.speedup[self._jobs[None, :], k, np.minimum(r, self.speedup.shape[2] - 1)]
+        s = np.where(r < self.speedup.shape[2], s, 0.0)
+        changed = (pop != self.base[None]).any(axis=2)
+        s = np.where(changed, s * self.factor[None, :], s) + _ZERO_SPEEDUP
+        if self.p == 0:
             return np.exp(np.log(s).mean(axis=1))
-        return (s ** p).mean(axis=1) ** (1.0 / p)
+        return (s ** self.p).mean(axis=1) ** (1.0 / self.p)
+
+    # ---------------------------------------------------------------- operators
+    def mutate(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """(P, J, N) mutated copies (see the module docstring)."""
+        P, J, N = pop.shape
+        reset = rng.random((P, J)) < 0.1
+        out = np.where(reset[:, :, None], self.base[None], pop)
+        zero_p = np.where(rng.random((P, J)) < 0.1, 0.1, 0.0)
+        out = np.where(rng.random((P, J, N)) < zero_p[:, :, None], 0, out)
+        free = self.node_cap[None, :] - out.sum(axis=1)  # (P, N)
+        has_free = np.broadcast_to((free >= 1)[:, None, :], out.shape)  # (P, J, N)
+        prob1 = has_free / np.maximum(has_free.sum(axis=2, keepdims=True), 1)
+        own = has_free & (out > 0)
+        prob2 = own / np.maximum(own.sum(axis=2, keepdims=True), 1)
+        hit = rng.random(out.shape) < prob1 + prob2 - prob1 * prob2
+        hi = np.broadcast_to(self.node_cap[None, None, :], out.shape)
+        draw = out + np.floor(rng.random(out.shape) * (hi - out + 1)).astype(np.int64)
+        return np.where(hit, np.minimum(draw, hi), out)
 
     def repair(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Make every candidate fit the cluster: lower a per-candidate ceiling on each job's count until
-        the total fits, then, where even one GPU each is too many, drop random jobs."""
-        cnt = self.count_of(pop)
-        over = cnt.sum(axis=1) > self.capacity
-        if not over.any():
-            return pop
-        sub = cnt[over]  # (R, J)
-        g, cap = self.gpn, self.capacity
+        """Feasible copies: one multi-node job per node, per-job GPU limits, node capacities."""
+        pop = pop.copy()
+        P, J, N = pop.shape
+        multi = np.count_nonzero(pop, axis=2) > 1  # (P, J)
+        on = (pop > 0) & multi[:, :, None]
+        pop[np.cumsum(on, axis=1) > 1] = 0  # later multi-node jobs leave a node already shared by one
+        # Per-job GPU limit, kept on randomly ordered nodes.
+        shuffle = np.argsort(rng.random(pop.shape), axis=2)
+        shuffled = np.take_along_axis(pop, shuffle, axis=2)
+        capped = np.minimum(np.cumsum(shuffled, axis=2), self.max_replicas[None, :, None])
+        shuffled = np.diff(capped, axis=2, prepend=0)
+        pop = np.take_along_axis(shuffled, np.argsort(shuffle, axis=2), axis=2)
+        # Node capacity: earlier jobs keep theirs.
+        filled = np.minimum(np.cumsum(pop, axis=1), self.node_cap[None, None, :])
+        return np.diff(filled, axis=1, prepend=0)
 
-        def floor_allowed(x: np.ndarray) -> np.ndarray:
-            return np.where(x > g, (x // g) * g, x)
-
-        lo = np.ones(sub.shape[0], dtype=np.int64)
-        hi = np.maximum(sub.max(axis=1), 1)
-        while (lo < hi).any():
-            mid = (lo + hi + 1) // 2
-            fits = floor_allowed(np.minimum(sub, mid[:, None])).sum(axis=1) <= cap
-            lo = np.where(fits, mid, lo)
-            hi = np.where(fits, hi, mid - 1)
-        sub = floor_allowed(np.minimum(sub, lo[:, None]))
-        still = sub.sum(axis=1) > cap  # more running jobs than GPUs: keep a random `cap` of them
-        if still.any():
-            s = sub[still]
-            keys = rng.random(s.shape)
-            keys[s == 0] = 2.0
-            rank = np.argsort(np.argsort(keys, axis=1, kind="stable"), axis=1, kind="stable")
-            s[rank >= cap] = 0
-            sub[still] = s
-        out = pop.copy()
-        out[over] = self.index_of(sub)
-        return out
-
-    def grow_greedily(self, genes: np.ndarray) -> np.ndarray:
-        """(J,) the feasible candidate ``genes`` grown while GPUs remain: each time the job whose best
-        move up (to any larger allowed count, so a penalised path back to its current count is seen
-        whole) lowers the objective most per added GPU."""
-        genes = genes.copy()
-        free = self.capacity - int(self.count_of(genes).sum())
-        all_counts = self.count_of(np.arange(self.objective.shape[1]))  # (L,)
-        heap: list[tuple[float, int, int]] = []
-
-        def push(j: int) -> None:
-            i = int(genes[j])
-            up = np.arange(i + 1, int(self.length[j]))
-            if up.size == 0:
-                return
-            extra = all_counts[up] - all_counts[i]
-            per_gpu = (self.objective[j, up] - self.objective[j, i]) / extra
-            ok = extra <= free
-            if ok.any():
-                k = int(np.argmin(np.where(ok, per_gpu, np.inf)))
-                if per_gpu[k] < 0:
-                    heapq.heappush(heap, (float(per_gpu[k]), j, int(up[k])))
-
-        for j in range(self.J):
-            push(j)
-        while heap and free > 0:
-            _, j, target = heapq.heappop(heap)
-            extra = int(all_counts[target] - all_counts[genes[j]])
-            if extra > free:
-                push(j)  # re-evaluate with the GPUs left
+    # ---------------------------------------------------------------- result
+    def schedule(self, state: np.ndarray, current: Schedule, tune_batch: bool) -> Schedule:
+        """Concrete GPUs for the chosen (J, N) state: unchanged rows keep their GPUs."""
+        cluster = self.cluster
+        node_of = cluster.node_of
+        free = np.ones(cluster.num_gpus, dtype=bool)
+        gpus: dict[int, list[int]] = {}
+        changed = []
+        for j, name in enumerate(self.names):
+            if not state[j].any():
                 continue
-            genes[j] = target
-            free -= extra
-            push(j)
-        return genes
-
-    def batch_for(self, counts: np.ndarray, current: Schedule) -> np.ndarray:
-        """(J,) global batch for the chosen counts (0 where no GPU), with hysteresis for running jobs."""
-        idx = self.index_of(counts)
-        out = self.best_batch[self._cols, idx].copy()
-        for j, view in enumerate(self.views):
-            n = int(counts[j])
-            old = current.allocations.get(view.name)
-            if n == 0 or old is None or n != self.cur_n[j] or n != old.num_gpus:
-                continue
-            keep = estimates.goodput_of(self.params[j], self.gns[j], self.base[j], self.max_local[j], n,
-                                        np.ceil(n / self.gpn), max(old.global_batch, n))
-            if self.best_goodput[j, idx[j]] <= float(keep) * (1.0 + self.batch_change_threshold):
-                out[j] = old.global_batch
-        return np.where(counts > 0, out, 0)
+            alloc = current.allocations.get(name)
+            if alloc is not None and (state[j] == self.base[j]).all():
+                gpus[j] = list(alloc.gpus)
+                free[list(alloc.gpus)] = False
+            else:
+                changed.append(j)
+        for j in changed:
+            alloc = current.allocations.get(self.names[j])
+            held = set(alloc.gpus) if alloc is not None else set()
+            mine: list[int] = []
+            for node in np.flatnonzero(state[j]):
+                slots = np.flatnonzero(free & (node_of == node))
+                slots = sorted(slots, key=lambda g: (g not in held, g))[: int(state[j, node])]
+                mine.extend(int(g) for g in slots)
+                free[slots] = False
+            gpus[j] = mine
+        out: dict[str, Allocation] = {}
+        for j, slots in gpus.items():
+            v = self.views[j]
+            alloc = current.allocations.get(v.name)
+            n = len(slots)
+            tuned = tune_batch and not self.pinned[j]
+            if alloc is not None and sorted(alloc.gpus) == sorted(slots):
+                batch = alloc.global_batch
+            elif tuned:
+                k = int(np.count_nonzero(state[j]))
+                micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale, k, n)
+                batch = n * micro * (accum + 1)
+            else:
+                batch = v.spec.per_gpu_batch * v.spec.requested_gpus
+            new = new_allocation(v, slots, int(batch), current)
+            out[v.name] = replace(new, batch_tuned_by_job=tuned) if new.batch_tuned_by_job != tuned else new
+        return Schedule(out)
