@@ -102,14 +102,17 @@ def test_truths_are_physical(jobs):
 
 
 def test_throughput_is_calibrated_to_the_history(jobs):
-    """At the history run's GPU count and batch the truth reproduces the measured throughput."""
+    """At the history run's GPU count and batch the truth reproduces the measured throughput, times the
+    type's artifact speed factor (1 without the artifact profile). Changed with the artifact calibration:
+    the comparison now divides out ``artifact_speed``."""
     cat = catalogue(ONES, POLLUX)
     for key, ct in cat.types.items():
         j = next(j for j in jobs if (j.spec.model == ct.job_type.key))
         (n,) = ct.history_gpus
         gb, _ = batch_and_lr(j.spec, n)
         step, _ = j.truth.step_time(consolidated_placement(n), gb // n)
-        assert gb / step == pytest.approx(ct.history_thr, rel=0.25), key
+        assert j.truth.speed == ct.artifact_speed
+        assert gb / (step * j.truth.speed) == pytest.approx(ct.history_thr, rel=0.25), key
 
 
 def test_metrics_replay_the_stopping_rule_at_the_reference_batch(jobs):
@@ -221,3 +224,113 @@ def test_history_elsewhere_is_reported(tmp_path):
     jobs = load_ones_trace(path, pollux_traces_dir=POLLUX, history_dir=ONES)
     assert len(jobs) == 1 and jobs[0].spec.name == "resnet50-imagenet-0"
     assert math.isfinite(jobs[0].truth.total_progress)
+
+
+# ----------------------------------------------------------------------------- scaling rule (unit tests)
+def test_speed_factor_divides_the_whole_step(jobs):
+    from dataclasses import replace
+
+    from ones_pipeline.sim.ones_trace import OnesJobTruth
+
+    cat = catalogue(ONES, POLLUX)
+    row = read_ones_trace(TRACE)[5]
+    ct = cat[(row.model, row.task)]
+    slow, fast = (OnesJobTruth(row, replace(ct, artifact_speed=f), 30.0) for f in (1.0, 2.5))
+    for placement, local in [((1,), 64), ((4,), 256), ((4, 4), 256)]:
+        (s1, c1), (s2, c2) = slow.step_time(placement, local), fast.step_time(placement, local)
+        assert s2 == pytest.approx(s1 / 2.5) and c2 == pytest.approx(c1 / 2.5)
+    assert slow.total_progress == fast.total_progress and slow.epochs == fast.epochs  # epochs untouched
+
+
+def test_efficiency_is_the_noise_scale_rule_and_batch_independent(jobs):
+    """eff(M) = (B + b0) / (B + M) with the job's noise scale B, which does not depend on the batch it is
+    measured at (McCandlish et al. 2018); so core.efficiency(gns(p, M), b0, M) equals the truth's efficiency."""
+    from ones_pipeline.core.efficiency import efficiency
+
+    for j in jobs[:50:7]:
+        t, b0 = j.truth, j.spec.per_gpu_batch
+        for frac in (0.0, 0.5, 0.99):
+            p = frac * t.total_progress
+            for m in (b0, 4 * b0, 16 * b0):
+                gns = t.grad_noise_scale(p, m)
+                assert gns == t.grad_noise_scale(p) > 0
+                assert t.efficiency(p, m) == pytest.approx(float(efficiency(gns, b0, m)))
+            assert t.efficiency(p, b0) == pytest.approx(1.0)
+            assert t.efficiency(p, 2 * b0) > t.efficiency(p, 8 * b0)  # larger batch, more epochs
+            assert t.efficiency(p, b0 / 2) > 1.0  # smaller batch, fewer epochs
+
+
+def test_epochs_grow_with_the_global_batch(jobs):
+    """Standalone on 4x the requested GPUs a CIFAR job (batch grows 4x under the linear LR rule) needs more
+    samples but less time; an ImageNet job already at its max_lr cap keeps its batch: same samples."""
+    cifar = next(j for j in jobs if j.spec.model == "resnet18-cifar")
+    gb1, _ = batch_and_lr(cifar.spec, cifar.spec.requested_gpus)
+    gb4, _ = batch_and_lr(cifar.spec, 4 * cifar.spec.requested_gpus)
+    assert gb4 == 4 * gb1
+    t = cifar.truth
+    mean_eff = lambda m: np.mean([t.efficiency(f * t.total_progress, m) for f in np.linspace(0, 1, 21)])
+    assert mean_eff(gb4) < mean_eff(gb1) < 1.0
+    assert standalone_time_s(cifar, 4 * cifar.spec.requested_gpus) < standalone_time_s(cifar)
+    inc = next(j for j in jobs if j.spec.model == "inception_v3-imagenet")
+    assert batch_and_lr(inc.spec, 64)[0] == batch_and_lr(inc.spec, 16)[0]
+
+
+# ----------------------------------------------------------------------------- artifact calibration
+ARTIFACT = ONES / "results-published" / "TIRESIAS_profile.csv"
+needs_artifact = pytest.mark.skipif(not ARTIFACT.is_file(), reason=f"artifact profile {ARTIFACT} not found")
+
+
+@needs_artifact
+def test_every_type_has_an_artifact_speed_and_it_is_a_median_fit():
+    """Per type: median over its artifact jobs of (calibrated model median - S) / (artifact - S) is 1."""
+    from ones_pipeline.sim.ones_trace import make_spec, read_artifact_profile
+    from ones_pipeline.sim.truth import SimJob
+
+    cat = catalogue(ONES, POLLUX)
+    executed = read_artifact_profile(ARTIFACT)
+    assert sorted(executed) == list(range(50))
+    rows = read_ones_trace(TRACE)
+    s = cat.restart_cost_s
+    for key, ct in cat.types.items():
+        assert ct.artifact_jobs > 0 and 0.1 < ct.artifact_speed < 10, key
+        mine = [(rows[i], e) for i, e in executed.items() if (rows[i].model, rows[i].task) == key]
+        med = {}
+        for es in {r.epoch_size for r, _ in mine}:
+            jobs_es = [j for j in load_ones_trace(TRACE) if (j.spec.model, j.spec.dataset_size) == (ct.job_type.key, es)]
+            med[es] = float(np.median([standalone_time_s(j) for j in jobs_es]))
+        ratios = [(med[r.epoch_size] - s) / max(e - s, 0.2 * e) for r, e in mine]
+        assert float(np.median(ratios)) == pytest.approx(1.0, rel=1e-6), key
+
+
+@pytest.fixture(scope="module")
+def artifact_runs():
+    from ones_pipeline.calibration.ones_artifact import compare, load_50, oracle_jobs, run
+
+    if not ARTIFACT.is_file():
+        pytest.skip(f"artifact profile {ARTIFACT} not found")
+    jobs = load_50(ONES)
+    return {"calibrated": compare(run(jobs, interval_s=10.0), ONES),
+            "oracle": compare(run(oracle_jobs(jobs, ONES), interval_s=10.0), ONES)}
+
+
+def test_scheduler_reproduces_the_artifact_tiresias_given_its_durations(artifact_runs):
+    """Scheduler side alone: with each job's duration set to the artifact's (a diagnostic, never used by the
+    catalogue), our tiresias with the artifact's 10 s scheduling loop matches its JCTs."""
+    c = artifact_runs["oracle"]
+    assert c.mean_jct[0] == pytest.approx(c.mean_jct[1], rel=0.10)
+    assert c.mean_wait[0] == pytest.approx(c.mean_wait[1], rel=0.25)
+    assert c.spearman_exec >= 0.8
+
+
+def test_calibrated_tiresias_matches_the_typical_artifact_job(artifact_runs):
+    c = artifact_runs["calibrated"]
+    assert c.median_exec[0] == pytest.approx(c.median_exec[1], rel=0.15)
+    assert c.spearman_type_medians > 0.2
+
+
+@pytest.mark.xfail(strict=True, reason="not reached: the artifact's mean is set by 4 jobs 5-60x longer than "
+                   "their type's median, which no per-type parameter reproduces (docs/ones_catalogue.md)")
+def test_calibrated_tiresias_mean_and_rank_correlation(artifact_runs):
+    c = artifact_runs["calibrated"]
+    assert c.mean_jct[0] == pytest.approx(c.mean_jct[1], rel=0.10)
+    assert c.spearman_exec >= 0.8

@@ -25,6 +25,12 @@ Per job type (:data:`JOB_TYPES`):
   ``job_history.csv`` configuration(s) equal to the measured ``global batch / throughput`` (geometric
   mean over the type's runs). Placement and batch dependence come from the profile, so consolidation
   matters as measured.
+* **Artifact speed.** One more factor per type, ``artifact_speed`` (step and sync times are divided by it),
+  from the artifact's published real Tiresias run of the first 50 trace_1 jobs
+  (``results-published/TIRESIAS_profile.csv``, read from the history's folder when present): the median over
+  the type's artifact jobs of ``(model median standalone time - S) / (artifact execution time - S)``, ``S``
+  the start cost (:meth:`Catalogue._calibrate_to_artifact`). It makes a typical job of each type take, alone
+  on its requested GPUs, what it took in the artifact; epochs and accuracy replay stay the history's.
 * **Memory.** ``max_local_batch = max(per_gpu_batch, floor(profile max_local_batch / sigma))`` (both
   testbeds have 16 GB GPUs; activation memory taken proportional to compute per sample).
 * **Statistical efficiency.** The profile's gradient noise scale at the same *fraction* of training,
@@ -51,7 +57,7 @@ import csv
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -70,6 +76,11 @@ HISTORY_COLUMNS = ("id", "epoch", "epoch_size", "num_samples", "total_workload",
 NOISE_SEED = 20210917  # date of the ONES artifact commit; any fixed value would do
 MAX_EPOCHS = 300  # a job whose stopping rule has not fired by then stops there
 MIN_DELTA = 0.01  # ONES's "improved by less than 0.01" (absolute accuracy)
+# The ONES artifact's published Tiresias run (kurisusnowdeng/ones_sc21 ``out/TIRESIAS_profile.csv``: per job of
+# the first 50 rows of trace_1.csv, completion/execution/waiting seconds), relative to the history's folder.
+ARTIFACT_PROFILE = Path("results-published") / "TIRESIAS_profile.csv"
+ARTIFACT_TRACE = "trace_1.csv"
+ARTIFACT_COLUMNS = ("id", "completion_time", "execution_time", "waiting_time")
 
 
 @dataclass(frozen=True)
@@ -256,6 +267,28 @@ class HistoryRun:
         return int(self.batch_sizes[0])
 
 
+def read_artifact_profile(path: str | Path) -> dict[int, float]:
+    """``{trace row id: execution_time s}`` from an ONES artifact ``*_profile.csv`` (validated)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(path, "artifact profile not found")
+    df = pd.read_csv(path)
+    missing = [c for c in ARTIFACT_COLUMNS if c not in df.columns]
+    if missing:
+        raise TraceError(path, f"missing column(s) {missing}; expected {list(ARTIFACT_COLUMNS)}", field=missing[0])
+    out: dict[int, float] = {}
+    for i, (jid, ex) in enumerate(zip(df["id"], df["execution_time"]), start=1):
+        jid_f, ex_f = _number(path, jid, i, "id"), _number(path, ex, i, "execution_time")
+        if jid_f != int(jid_f) or jid_f < 0 or int(jid_f) in out:
+            raise TraceError(path, f"bad or repeated job id {jid!r}", row=i, field="id")
+        if not ex_f > 0:
+            raise TraceError(path, f"must be > 0, got {ex!r}", row=i, field="execution_time")
+        out[int(jid_f)] = ex_f
+    if not out:
+        raise TraceError(path, "no data rows")
+    return out
+
+
 def read_history_runs(history_csv: str | Path, dev_trace: str | Path) -> list[HistoryRun]:
     """Match ``job_history.csv`` runs to ``trace_dev.csv`` rows.
 
@@ -435,6 +468,11 @@ class CalibratedType:
     curves: dict[int, CurveFit]  # epoch_size -> fit
     history_thr: float  # geometric mean of the runs' measured median throughputs (samples/s)
     history_gpus: tuple[int, ...]
+    # Speed on the artifact's trace_1 run relative to the history calibration (step times are divided by it;
+    # 1.0 = history only). See :meth:`Catalogue._calibrate_to_artifact` and docs/ones_catalogue.md.
+    artifact_speed: float = 1.0
+    artifact_jobs: int = 0  # artifact Tiresias jobs of this type the factor was taken from
+    artifact_exec_s: dict[int, float] = field(default_factory=dict)  # epoch size -> median artifact execution (s)
 
     def curve_for(self, epoch_size: int) -> CurveFit:
         """The fit of the history run with this epoch size, else of the nearest one (documented fallback)."""
@@ -452,7 +490,8 @@ class Catalogue:
     match on average (geometric mean of ``(measured - kappa_net * comm) / compute``).
     """
 
-    def __init__(self, pollux_traces_dir: Path, history_csv: Path, dev_trace: Path, restart_cost_s: float):
+    def __init__(self, pollux_traces_dir: Path, history_csv: Path, dev_trace: Path, restart_cost_s: float,
+                 artifact: bool = True):
         self.pollux_traces_dir = Path(pollux_traces_dir)
         self.restart_cost_s = float(restart_cost_s)
         runs = read_history_runs(history_csv, dev_trace)
@@ -481,6 +520,53 @@ class Catalogue:
             self.types[key] = CalibratedType(jt, profiles[key], kappa_c, self.kappa_net, curves, thr,
                                              tuple(sorted({p.gpus for p in points[key]})))
 
+        self.artifact_profile: Path | None = None
+        if artifact:
+            self._calibrate_to_artifact(Path(history_csv).parent)
+
+    def _calibrate_to_artifact(self, ones_dir: Path) -> None:
+        """Per job type (model, task), one speed factor from the artifact's real Tiresias run of trace_1.
+
+        Under Tiresias every job of the artifact ran on its requested GPUs at its submitted batch, so its
+        ``execution_time`` (which the artifact's controller counts from the launch of the job's processes to
+        their exit, summed over runs: process start, data and model loading, NCCL set-up, evaluations and
+        training) is what this catalogue's truth gives the same job alone on its requested GPUs
+        (:func:`standalone_time_s`: one start of ``restart_cost_s`` plus training). The history calibration
+        fixes the epochs to converge (the curves) and the *shape* of the step time; the factor rescales the
+        step time so that, per type, ``median_j (model_es_j - S) / (artifact_j - S) = factor`` where
+        ``model_es`` is the median standalone time of all trace_1 rows of that (type, epoch size) under the
+        history calibration, ``artifact_j`` the execution time of artifact job ``j`` of the type and
+        ``S = restart_cost_s``. The median keeps a few very long artifact jobs (unexplained by their type:
+        see docs/ones_catalogue.md) from setting their type's speed. Without the artifact files the history
+        calibration stands (factor 1).
+        """
+        prof, trace = ones_dir / ARTIFACT_PROFILE, ones_dir / ARTIFACT_TRACE
+        if not (prof.is_file() and trace.is_file()):
+            return
+        executed = read_artifact_profile(prof)
+        rows = read_ones_trace(trace)
+        if max(executed) >= len(rows):
+            raise TraceError(prof, f"job id {max(executed)} is not a row of {trace.name} ({len(rows)} rows)", field="id")
+        s = self.restart_cost_s
+        wanted = {(rows[i].model, rows[i].task, rows[i].epoch_size) for i in executed}
+        times: dict[tuple[str, str, int], list[float]] = {k: [] for k in wanted}
+        for r in rows:
+            k = (r.model, r.task, r.epoch_size)
+            if k in times:
+                t = OnesJobTruth(r, self.types[(r.model, r.task)], s)
+                times[k].append(standalone_time_s(SimJob(make_spec(r, t), t)))
+        model_median = {k: float(np.median(v)) for k, v in times.items()}
+        for key, ct in list(self.types.items()):
+            mine = [(rows[i], e) for i, e in sorted(executed.items()) if (rows[i].model, rows[i].task) == key]
+            if not mine:
+                continue
+            ratios = [(model_median[(r.model, r.task, r.epoch_size)] - s) / max(e - s, 0.2 * e) for r, e in mine]
+            exec_by_es = {es: float(np.median([e for r, e in mine if r.epoch_size == es]))
+                          for es in sorted({r.epoch_size for r, _ in mine})}
+            self.types[key] = replace(ct, artifact_speed=float(np.median(ratios)), artifact_jobs=len(mine),
+                                      artifact_exec_s=exec_by_es)
+        self.artifact_profile = prof
+
     def __getitem__(self, key: tuple[str, str]) -> CalibratedType:
         return self.types[key]
 
@@ -493,11 +579,13 @@ def _catalogue_cached(pollux_dir: str, history_csv: str, dev_trace: str, restart
 def catalogue(ones_dir: str | Path, pollux_traces_dir: str | Path | None = None,
               restart_cost_s: float = 30.0) -> Catalogue:
     """The calibrated catalogue from ``ones_dir`` (job_history.csv, trace_dev.csv) and the Pollux profiles
-    (default ``<ones_dir>/../pollux/traces``)."""
+    (default: the packaged ones, ``ones_pipeline/data/pollux/traces``)."""
+    from ones_pipeline.sim.packaged import profiles_dir
+
     ones_dir = Path(ones_dir).resolve()
-    pollux = Path(pollux_traces_dir) if pollux_traces_dir is not None else ones_dir.parent / "pollux" / "traces"
+    pollux = Path(pollux_traces_dir) if pollux_traces_dir is not None else profiles_dir()
     if not pollux.is_dir():
-        raise TraceError(pollux, "Pollux profile folder not found (pass pollux_traces_dir)")
+        raise TraceError(pollux, "Pollux profile folder not found (give one with ones simulate --profiles DIR)")
     return _catalogue_cached(str(pollux.resolve()), str(ones_dir / "job_history.csv"),
                              str(ones_dir / "trace_dev.csv"), float(restart_cost_s))
 
@@ -516,6 +604,7 @@ class OnesJobTruth:
         self.profile = cal.profile
         self.kappa_compute = cal.kappa_compute
         self.kappa_net = cal.kappa_net
+        self.speed = float(cal.artifact_speed)
         self.restart_cost_s = float(restart_cost_s)
         self.base_batch = int(row.batch_size)
         self.max_local_batch = max(self.base_batch, int(cal.profile.max_local_batch / jt.sigma))
@@ -566,14 +655,15 @@ class OnesJobTruth:
     def step_time(self, placement: tuple[int, ...], local_batch: int) -> tuple[float, float]:
         step, sync = self.profile.step_time(tuple(placement), self.job_type.sigma * float(local_batch))
         comm = self.kappa_net * self.job_type.rho * sync
-        return self.kappa_compute * (step - sync) + comm, comm
+        step_s = (self.kappa_compute * (step - sync) + comm) / self.speed
+        return step_s, comm / self.speed
 
     def efficiency(self, progress: float, global_batch: float) -> float:
         if not global_batch > 0:
             raise ValueError(f"{self.model}: global_batch must be > 0, got {global_batch!r}")
         return float(self._eff_at_fraction(self._fraction(progress), global_batch))
 
-    def grad_noise_scale(self, progress: float) -> float:
+    def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
         return float(self._gns_at_fraction(self._fraction(progress)))
 
     def metrics(self, progress: float) -> tuple[float, float]:
@@ -610,8 +700,8 @@ def load_ones_trace(path: str | Path, max_jobs: int | None = None, pollux_traces
 
     Every row is validated (also those past ``max_jobs``); the first ``max_jobs`` rows are returned.
     The calibration data (``job_history.csv``, ``trace_dev.csv``) are read from ``history_dir`` (default:
-    the trace's folder), the Pollux profiles from ``pollux_traces_dir`` (default
-    ``<history_dir>/../pollux/traces``).
+    the trace's folder), the Pollux profiles from ``pollux_traces_dir`` (default: the packaged profiles;
+    ``ones simulate --profiles DIR``).
     """
     path = Path(path)
     if max_jobs is not None and max_jobs < 1:
@@ -662,7 +752,8 @@ def catalogue_rows(cat: Catalogue) -> list[dict]:
                 "type": jt.key, "source": jt.source, "sigma": jt.sigma, "rho": jt.rho, "kappa": ct.kappa_compute,
                 "history_thr": ct.history_thr, "history_gpus": ct.history_gpus, "epoch_size": es,
                 "ref_batch": c.reference_batch, "history_epochs": c.history_epochs, "a0": c.a0, "a1": c.a1,
-                "tau": c.tau, "delay": c.delay, "noise_sd": c.noise_sd,
+                "tau": c.tau, "delay": c.delay, "noise_sd": c.noise_sd, "artifact_speed": ct.artifact_speed,
+                "artifact_jobs": ct.artifact_jobs, "artifact_exec_s": ct.artifact_exec_s.get(es),
             })
     return out
 
@@ -676,15 +767,17 @@ def _print_catalogue(trace: Path, pollux: Path | None) -> None:
         by_type_es.setdefault((r.job_type.key, r.epoch_size), []).append(truth.epochs)
     print("| job type | source | sigma | rho | kappa | history GPUs | history samples/s | epoch size | "
           "ref. batch | history epochs | simulated epochs (trace_1: median [min-max], n) | "
-          "curve a0 -> a1, tau, delay, noise |")
-    print("|" + "---|" * 12)
+          "curve a0 -> a1, tau, delay, noise | artifact speed (jobs) | artifact median exec (s) |")
+    print("|" + "---|" * 14)
     for d in catalogue_rows(cat):
         sims = by_type_es.get((d["type"], d["epoch_size"]), [])
         sim = f"{np.median(sims):.0f} [{min(sims)}-{max(sims)}], {len(sims)}" if sims else "-"
         print(f"| {d['type']} | {d['source']} | {d['sigma']:.3f} | {d['rho']:.2f} | {d['kappa']:.3f} | "
               f"{','.join(map(str, d['history_gpus']))} | {d['history_thr']:.0f} | {d['epoch_size']} | "
               f"{d['ref_batch']} | {d['history_epochs']:.0f} | {sim} | "
-              f"{d['a0']:.3f} -> {d['a1']:.3f}, {d['tau']:.2f}, {d['delay']:.1f}, {d['noise_sd']:.3f} |")
+              f"{d['a0']:.3f} -> {d['a1']:.3f}, {d['tau']:.2f}, {d['delay']:.1f}, {d['noise_sd']:.3f} | "
+              f"{d['artifact_speed']:.3f} ({d['artifact_jobs']}) | "
+              f"{'-' if d['artifact_exec_s'] is None else format(d['artifact_exec_s'], '.0f')} |")
 
 
 def _print_sanity(trace: Path, pollux: Path | None, n_jobs: int) -> None:

@@ -197,12 +197,22 @@ class PolluxPolicy(BaselinePolicy):
         return pop
 
 
+# Fixed odd 64-bit multipliers: a candidate's fingerprint for dropping duplicates (a collision only drops
+# one candidate of the population).
+_HASH = (np.random.default_rng(20210823).integers(1, 2**62, size=1 << 16, dtype=np.int64) | 1)
+
+
 def _survive(pop: np.ndarray, fit: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """The best ``size`` distinct candidates, best first."""
     flat = pop.reshape(pop.shape[0], -1)
-    _, first = np.unique(flat, axis=0, return_index=True)
-    first = first[np.argsort(-fit[first], kind="stable")][:size]
-    return pop[first], fit[first]
+    width = flat.shape[1]
+    weights = _HASH[np.arange(width) % _HASH.size] + np.arange(width) // _HASH.size
+    with np.errstate(over="ignore"):
+        keys = (flat * weights[None, :]).sum(axis=1)
+    order = np.argsort(-fit, kind="stable")
+    _, first = np.unique(keys[order], return_index=True)
+    keep = order[np.sort(first)][:size]
+    return pop[keep], fit[keep]
 
 
 class _Problem:
@@ -277,12 +287,16 @@ class _Problem:
         multi = np.count_nonzero(pop, axis=2) > 1  # (P, J)
         on = (pop > 0) & multi[:, :, None]
         pop[np.cumsum(on, axis=1) > 1] = 0  # later multi-node jobs leave a node already shared by one
-        # Per-job GPU limit, kept on randomly ordered nodes.
-        shuffle = np.argsort(rng.random(pop.shape), axis=2)
-        shuffled = np.take_along_axis(pop, shuffle, axis=2)
-        capped = np.minimum(np.cumsum(shuffled, axis=2), self.max_replicas[None, :, None])
-        shuffled = np.diff(capped, axis=2, prepend=0)
-        pop = np.take_along_axis(shuffled, np.argsort(shuffle, axis=2), axis=2)
+        # Per-job GPU limit, kept on randomly ordered nodes (only rows over their limit change).
+        over = pop.sum(axis=2) > self.max_replicas[None, :]  # (P, J)
+        if over.any():
+            rows = pop[over]  # (R, N)
+            limit = np.broadcast_to(self.max_replicas[None, :], over.shape)[over]  # (R,)
+            shuffle = np.argsort(rng.random(rows.shape), axis=1)
+            shuffled = np.take_along_axis(rows, shuffle, axis=1)
+            capped = np.minimum(np.cumsum(shuffled, axis=1), limit[:, None])
+            shuffled = np.diff(capped, axis=1, prepend=0)
+            pop[over] = np.take_along_axis(shuffled, np.argsort(shuffle, axis=1), axis=1)
         # Node capacity: earlier jobs keep theirs.
         filled = np.minimum(np.cumsum(pop, axis=1), self.node_cap[None, None, :])
         return np.diff(filled, axis=1, prepend=0)

@@ -1,0 +1,1 @@
+"""Calibration and validation of the simulator's ground truths against published measurements."""
