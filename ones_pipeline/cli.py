@@ -104,7 +104,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"({gpn} per node), {args.interval:.0f} s rounds, policies: {','.join(args.policies)}", file=sys.stderr)
     results = run_policies(workload, args.policies, cluster, config, seed=args.seed, processes=args.processes,
                            show_progress=not args.no_progress)
+    from ones_pipeline.sim.bound import lower_bound
     from ones_pipeline.sim.report import comparison_table, summarise, write_outputs
+
+    bound = lower_bound(workload.load(), cluster, config).to_dict()
 
     baseline = "ones" if "ones" in results else args.policies[0]
     if args.out:
@@ -113,10 +116,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "gpus_per_node": gpn, "interval_s": args.interval, "restart_cost_s": args.restart_cost,
                 "restart_cost_by_model": args.restart_cost_by_model,
                 "seed": args.seed}
-        summaries = write_outputs(results, args.out, meta, title=f"{workload.label}: JCT CDF")
+        summaries = write_outputs(results, args.out, meta, title=f"{workload.label}: JCT CDF", bound=bound)
     else:
         summaries = {name: summarise(res) for name, res in results.items()}
-    print(comparison_table(summaries, baseline=baseline))
+    print(comparison_table(summaries, baseline=baseline, bound=bound))
     if args.out:
         print(f"\nwrote per-job CSVs, summary.json, jct_cdf.png and gpus-<policy>.png to {args.out}")
     return 0

@@ -140,7 +140,7 @@ def _to_z(p: np.ndarray) -> np.ndarray:
     return z
 
 
-def fit_perf_params(observations: Sequence[ThroughputObs], max_iter: int = 200) -> np.ndarray:
+def fit_perf_params(observations: Sequence[ThroughputObs], max_iter: int = 60) -> np.ndarray:
     """(7,) parameters fitted to a job's observed steps (compute = step - sync, and step).
 
     BFGS in unconstrained coordinates (log for the positive parameters, logistic for gamma) with the
@@ -159,6 +159,10 @@ def fit_perf_params(observations: Sequence[ThroughputObs], max_iter: int = 200) 
     if len(np.unique(b)) == 1:  # one micro-batch size: split compute evenly into constant and slope
         p0[0] = float(np.mean(compute)) / 2.0
         free[0] = False
+        p0[1] = max(float(np.mean(compute - p0[0]) / np.mean(b)), 1e-7)
+    else:  # start the compute line from least squares (a start close to the optimum, not a prior)
+        slope, icpt = np.polyfit(b, compute, 1)
+        p0[0], p0[1] = max(float(icpt), 1e-4 * float(np.mean(compute))), max(float(slope), 1e-7)
     if not (k > 1).any():
         p0[2:4] = _FLOOR
         free[2:4] = False
@@ -196,7 +200,7 @@ def _bfgs(fg, z: np.ndarray, idx: np.ndarray, max_iter: int) -> np.ndarray:
     h = np.eye(len(idx))
     for _ in range(max_iter):
         gi = g[idx]
-        if np.max(np.abs(gi)) < 1e-7:
+        if np.max(np.abs(gi)) < 1e-5:
             break
         d = -h @ gi
         if d @ gi >= 0:  # not a descent direction: restart from steepest descent
@@ -220,7 +224,7 @@ def _bfgs(fg, z: np.ndarray, idx: np.ndarray, max_iter: int) -> np.ndarray:
             rho = 1.0 / sy
             eye = np.eye(len(idx))
             h = (eye - rho * np.outer(s_vec, y_vec)) @ h @ (eye - rho * np.outer(y_vec, s_vec)) + rho * np.outer(s_vec, s_vec)
-        if abs(f_old - f) < 1e-12 * max(1.0, abs(f)):
+        if abs(f_old - f) < 1e-9 * max(1.0, abs(f)):
             break
     return z
 

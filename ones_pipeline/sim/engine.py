@@ -57,6 +57,10 @@ class SimConfig:
     # Count the time to each epoch end (truth.next_epoch_end) in whole seconds, as the Pollux authors'
     # simulator does (Job.step rounds it); off: exact times.
     whole_second_epochs: bool = False
+    # The gradient noise scale a job reports: measured at the batch it trains with (True, as the Pollux
+    # authors' simulator hands its policy), or the base-batch statistics whatever the batch (False; the
+    # rule before, kept to measure its effect).
+    gns_at_current_batch: bool = True
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -369,7 +373,8 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
         if key not in r.obs:  # a job profiles each configuration once, the first time it runs on it
             r.obs[key] = obs
         # What the job's gradient-statistics monitor reports: the noise scale at its batch, now.
-        r.gns = float(r.truth.grad_noise_scale(r.progress if at is None else at, _batch(r)))
+        r.gns = float(r.truth.grad_noise_scale(r.progress if at is None else at,
+                                               _batch(r) if config.gns_at_current_batch else None))
         remaining = goal - r.progress
         dt = end - t
         if rate * dt < remaining:  # the round ends first

@@ -49,19 +49,27 @@ def summarise(result: SimResult) -> dict[str, float]:
     }
 
 
-def comparison_table(summaries: Mapping[str, Mapping[str, float]], baseline: str = "ones") -> str:
-    """Plain-text table, one row per policy, with mean-JCT ratio to ``baseline``."""
+def comparison_table(summaries: Mapping[str, Mapping[str, float]], baseline: str = "ones",
+                     bound: Mapping[str, float] | None = None) -> str:
+    """Plain-text table, one row per policy, with mean-JCT ratio to ``baseline`` and, when ``bound`` (a
+    ``Bound.to_dict()``) is given, to the lower bound, which gets a row of its own."""
     base = summaries.get(baseline, {}).get("mean_jct_s")
-    header = f"{'policy':<11} {'mean JCT':>10} {'vs ' + baseline:>9} {'median':>9} {'p95':>9} {'p99':>9} " \
-             f"{'makespan':>9} {'util':>6} {'restarts':>8}"
+    low = bound.get("mean_jct_s") if bound else None
+    header = f"{'policy':<11} {'mean JCT':>10} {'vs ' + baseline:>9} " + (f"{'vs bound':>9} " if low else "") + \
+             f"{'median':>9} {'p95':>9} {'p99':>9} {'makespan':>9} {'util':>6} {'restarts':>8}"
     lines = [header, "-" * len(header)]
     for name, s in summaries.items():
         ratio = s["mean_jct_s"] / base if base else math.nan
+        vs_bound = f"{s['mean_jct_s'] / low:>8.2f}x " if low else ""
         lines.append(
-            f"{name:<11} {_h(s['mean_jct_s']):>10} {ratio:>8.2f}x {_h(s['median_jct_s']):>9} "
+            f"{name:<11} {_h(s['mean_jct_s']):>10} {ratio:>8.2f}x {vs_bound}{_h(s['median_jct_s']):>9} "
             f"{_h(s['p95_jct_s']):>9} {_h(s['p99_jct_s']):>9} {_h(s['makespan_s']):>9} "
             f"{s['utilisation']:>6.1%} {s['restarts']:>8d}"
         )
+    if low:
+        ratio = low / base if base else math.nan
+        lines.append(f"{'bound':<11} {_h(low):>10} {ratio:>8.2f}x {1.0:>8.2f}x   (lower bound: max of alone "
+                     f"{_h(bound['alone_mean_jct_s'])}, one-server SRPT {_h(bound['srpt_mean_jct_s'])})")
     return "\n".join(lines)
 
 
@@ -133,8 +141,9 @@ def plot_gpus_over_time(result: SimResult, path: Path) -> None:
 
 
 def write_outputs(results: Mapping[str, SimResult], out_dir: Path, meta: Mapping | None = None,
-                  title: str = "") -> dict[str, dict[str, float]]:
-    """Write per-job CSVs, summary.json and the plots into ``out_dir``; return the summaries."""
+                  title: str = "", bound: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Write per-job CSVs, summary.json (with the lower bound ``bound`` and each policy's ``vs_bound``
+    when given) and the plots into ``out_dir``; return the summaries."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {name: summarise(res) for name, res in results.items()}
@@ -142,6 +151,11 @@ def write_outputs(results: Mapping[str, SimResult], out_dir: Path, meta: Mapping
         jobs_frame(res).to_csv(out_dir / f"jobs-{name}.csv", index=False)
         plot_gpus_over_time(res, out_dir / f"gpus-{name}.png")
     plot_jct_cdf(results, out_dir / "jct_cdf.png", title=title)
+    if bound:
+        for summary in summaries.values():
+            summary["vs_bound"] = summary["mean_jct_s"] / bound["mean_jct_s"]
     payload = {"meta": dict(meta or {}), "policies": summaries}
+    if bound:
+        payload["bound"] = dict(bound)
     (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=False))
     return summaries

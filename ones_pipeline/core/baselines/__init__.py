@@ -7,6 +7,7 @@ Written from the papers' descriptions, configured as the Pollux authors' simulat
 from ones_pipeline.core.baselines.fifo import FifoPolicy
 from ones_pipeline.core.baselines.optimus import OptimusPolicy
 from ones_pipeline.core.baselines.pollux import PolluxPolicy
+from ones_pipeline.core.baselines.sia import SiaPolicy
 from ones_pipeline.core.baselines.tiresias import TiresiasPolicy
 
-__all__ = ["FifoPolicy", "OptimusPolicy", "PolluxPolicy", "TiresiasPolicy"]
+__all__ = ["FifoPolicy", "OptimusPolicy", "PolluxPolicy", "SiaPolicy", "TiresiasPolicy"]

@@ -19,13 +19,16 @@ after every epoch, without a restart). What the policy does each round:
   no GPUs counts 0.001, so the search first runs as many jobs as it can).
 * **Operators** (all draws from the policy's generator): binary tournament; single-point crossover over
   jobs (probability 0.9); mutation: with probability 0.1 a job's row is reset to the current allocation,
-  with probability 0.1 each of its entries is zeroed with probability 0.1, and on nodes with free GPUs an
-  entry is raised to a uniform count up to the node size (about one node per job, nodes where the job
-  already runs twice as likely); repair: at most one multi-node job per node (the earliest keeps it), at
+  with probability 0.1 each of its entries is zeroed with probability 0.1, and on every node with a free
+  GPU about one job's entry is raised to a uniform count up to the node size (each job with probability
+  1 / jobs, plus 1 / jobs already there for those), so a child differs from its parent in a few jobs;
+  repair: at most one multi-node job per node (the earliest keeps it), at
   most ``max_replicas`` GPUs per job (kept on randomly ordered nodes), node capacity (earlier jobs keep
   theirs).
 * **Limits**: a job is offered at most ``max(2 x the most GPUs it has run on, 1)`` GPUs, at most 64, at
   most its largest batch / smallest micro-batch; ``pinned_models`` (NCF) get one GPU and a fixed batch.
+* **Scale**: a candidate has jobs x nodes cells; where ``population`` candidates would exceed
+  ``max_cells`` (20 M) the population shrinks to fit (at least 2), so thousands of GPUs stay in memory.
 * **Survival**: the best ``population`` distinct candidates of parents and children by fitness. (The
   authors run NSGA-II with cluster utility as a second objective and pick the best fitness on the Pareto
   front; on a fixed cluster that second objective only shapes diversity.)
@@ -62,41 +65,40 @@ def _order(views: Sequence[JobView]) -> list[JobView]:
     return sorted(views, key=lambda v: (v.attained_gpu_s, v.submit_time_s, v.name))
 
 
-def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, num_nodes: int,
-                  fair_replicas: int) -> np.ndarray:
-    """(J, num_nodes + 1, R + 1) speedup of each job on k nodes and r GPUs (R = max of ``max_replicas``),
-    0 where k > r or r > the job's limit; see the module docstring."""
+def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, fair_replicas: int) -> np.ndarray:
+    """(J, 3, R + 1) speedup of each job on r GPUs (R = max of ``max_replicas``) within one node (index 1)
+    and across nodes (index 2; the model tells only whether a job crosses nodes, not how many it spans);
+    index 0 and r above the job's limit are 0. See the module docstring."""
     J = len(views)
     R = int(max_replicas.max()) if J else 0
-    table = np.zeros((J, num_nodes + 1, R + 1))
-    r_all = np.arange(R + 1)
+    table = np.zeros((J, 3, R + 1))
+    r_all = np.arange(R + 1, dtype=float)
     rows_j, rows_k, rows_r = [], [], []
     for j, v in enumerate(views):
+        top = int(max_replicas[j])
         if not v.throughput_obs or v.grad_noise_scale is None:
-            table[j, 1:, :] = r_all[None, :] / fair_replicas
-            table[j][np.arange(num_nodes + 1)[:, None] > r_all[None, :]] = 0.0
-            table[j, :, int(max_replicas[j]) + 1:] = 0.0
+            table[j, 1, : top + 1] = r_all[: top + 1] / fair_replicas
+            table[j, 2, 2: top + 1] = r_all[2: top + 1] / fair_replicas
             continue
-        for r in range(1, int(max_replicas[j]) + 1):
-            for k in range(1, min(r, num_nodes) + 1):
-                rows_j.append(j), rows_k.append(k), rows_r.append(r)
-        rows_j.append(j), rows_k.append(1), rows_r.append(fair_replicas)  # the fair-share base, last
+        rows_j += [j] * top + [j] * max(top - 1, 0) + [j]
+        rows_k += [1] * top + [2] * max(top - 1, 0) + [1]
+        rows_r += list(range(1, top + 1)) + list(range(2, top + 1)) + [fair_replicas]  # the base, last
     if rows_j:
         jj = np.array(rows_j)
-        kk = np.array(rows_k, dtype=float)
-        rr = np.array(rows_r, dtype=float)
+        kk = np.array(rows_k)
+        rr = np.array(rows_r)
         lim = np.array([gp.batch_limits(v.spec) for v in views])  # (J, 4)
         params = np.stack([gp.fitted(tuple(v.throughput_obs)) if v.throughput_obs else np.zeros(gp.N_PERF)
                            for v in views])
         gns = np.array([v.grad_noise_scale or 0.0 for v in views])
-        good, _, _ = gp.best_batch(params[jj], gns[jj], lim[jj, 0], lim[jj, 1], lim[jj, 2], lim[jj, 3], kk, rr)
-        # Per job, the last row is its base.
-        last = np.flatnonzero(np.r_[jj[1:] != jj[:-1], True])
+        good, _, _ = gp.best_batch(params[jj], gns[jj], lim[jj, 0], lim[jj, 1], lim[jj, 2], lim[jj, 3],
+                                   kk.astype(float), rr.astype(float))
+        last = np.flatnonzero(np.r_[jj[1:] != jj[:-1], True])  # per job, its last row is its base
         base = np.repeat(good[last], np.diff(np.r_[-1, last]))
         ratio = np.where(base > 0, good / np.where(base > 0, base, 1.0), 0.0)
         body = np.ones(len(jj), dtype=bool)
         body[last] = False
-        table[jj[body], kk[body].astype(int), rr[body].astype(int)] = ratio[body]
+        table[jj[body], kk[body], rr[body]] = ratio[body]
     return table
 
 
@@ -109,8 +111,17 @@ class PolluxPolicy(BaselinePolicy):
     def __init__(self, seed: int = 0, population: int = 100, generations: int = 100, fairness_p: float = -1.0,
                  restart_penalty_s: float = 30.0, max_scale_out: float = 2.0, max_replicas: int = 64,
                  crossover_p: float = 0.9, pinned_models: Sequence[str] = ("ncf",), jobs_tune_batch: bool = True,
-                 time_budget_s: float | None = None) -> None:
+                 time_budget_s: float | None = None, max_cells: int = 20_000_000,
+                 warm_start: str = "positional", keep: str = "front", selection: str = "nsga2") -> None:
         super().__init__(seed)
+        if selection not in ("nsga2", "fitness"):
+            raise ValueError(f"{self.name}: selection must be 'nsga2' or 'fitness', got {selection!r}")
+        self.selection = selection
+        if warm_start not in ("positional", "by_name"):
+            raise ValueError(f"{self.name}: warm_start must be 'positional' or 'by_name', got {warm_start!r}")
+        if keep not in ("front", "population"):
+            raise ValueError(f"{self.name}: keep must be 'front' or 'population', got {keep!r}")
+        self.warm_start, self.keep = warm_start, keep
         self.population = check_int(self.name, "population", population, 2)
         self.generations = check_int(self.name, "generations", generations, 0)
         self.fairness_p = check_float(self.name, "fairness_p", fairness_p, maximum=1.0)
@@ -125,6 +136,7 @@ class PolluxPolicy(BaselinePolicy):
         self.time_budget_s = (None if time_budget_s is None else
                               check_float(self.name, "time_budget_s", time_budget_s, 0.0, strict_min=True))
         # Warm start: the last round's population, (P, jobs, nodes), one job axis entry per name.
+        self.max_cells = check_int(self.name, "max_cells", max_cells, 1)
         self._pop_jobs: list[str] = []
         self._pop = np.zeros((0, 0, 0), dtype=np.int64)
 
@@ -133,7 +145,8 @@ class PolluxPolicy(BaselinePolicy):
                 "restart_penalty_s": self.restart_penalty_s, "max_scale_out": self.max_scale_out,
                 "max_replicas": self.max_replicas, "crossover_p": self.crossover_p,
                 "pinned_models": list(self.pinned_models), "jobs_tune_batch": self.jobs_tune_batch,
-                "time_budget_s": self.time_budget_s}
+                "time_budget_s": self.time_budget_s, "max_cells": self.max_cells,
+                "warm_start": self.warm_start, "keep": self.keep, "selection": self.selection}
 
     def _extra_state(self) -> dict[str, Any]:
         return {"population_jobs": list(self._pop_jobs), "population": self._pop.tolist()}
@@ -158,25 +171,39 @@ class PolluxPolicy(BaselinePolicy):
         pb = _Problem(self, now_s, cluster, views, current)
         pop = pb.repair(self._initial_population(pb), self._rng)
         pop = self._evolve(pb, pop)
-        self._pop_jobs, self._pop = [v.name for v in views], pop
+        kept = pop if self.keep == "population" else pop[_front(pb.fitness(pop), pb.utility(pop))]
+        self._pop_jobs, self._pop = [v.name for v in views], kept
         return pb.schedule(pop[0], current, self.jobs_tune_batch)
 
     def _initial_population(self, pb: "_Problem") -> np.ndarray:
-        """(P0, J, N): the last round's candidates remapped to this round's jobs, or the current state."""
+        """(P0, J, N): the candidates kept from last round for this round's jobs, or the current state.
+
+        ``warm_start="positional"`` (the authors' ``_adapt_prev_states``): the rows of the jobs present in
+        both rounds are copied in the order they appear, last round's order onto this round's; as jobs are
+        re-sorted by attained service every round, a row often lands on another job (repair then fits it).
+        ``"by_name"``: each job gets its own row back."""
         if self._pop.shape[0] == 0 or self._pop.shape[2] != pb.N:
             return pb.base[None].copy()
-        col = {name: k for k, name in enumerate(self._pop_jobs)}
+        now = set(pb.names)
+        before = set(self._pop_jobs)
+        src = [k for k, name in enumerate(self._pop_jobs) if name in now]
+        if self.warm_start == "by_name":
+            col = {name: k for k, name in enumerate(self._pop_jobs)}
+            dst = [j for j, name in enumerate(pb.names) if name in before]
+            src = [col[pb.names[j]] for j in dst]
+        else:
+            dst = [j for j, name in enumerate(pb.names) if name in before]
         pop = np.zeros((self._pop.shape[0], pb.J, pb.N), dtype=np.int64)
-        for j, name in enumerate(pb.names):
-            if name in col:
-                pop[:, j] = self._pop[:, col[name]]
+        pop[:, dst] = self._pop[:, src]
         return pop
 
     def _evolve(self, pb: "_Problem", pop: np.ndarray) -> np.ndarray:
-        """Run the generations; returns the population sorted best first."""
+        """Run the generations; returns the population sorted best fitness first."""
         rng = self._rng
-        P = self.population
-        pop, fit = _survive(pop, pb.fitness(pop), P)
+        P = min(self.population, max(2, self.max_cells // max(pb.J * pb.N, 1)))
+        nsga = self.selection == "nsga2"
+        objs = lambda x: (pb.fitness(x), pb.utility(x) if nsga else np.zeros(x.shape[0]))  # noqa: E731
+        pop, fit, util, crowd = _survive(pop, *objs(pop), P, nsga)
         start = time.perf_counter()
         for _ in range(self.generations):
             if self.time_budget_s is not None and time.perf_counter() - start > self.time_budget_s:
@@ -184,8 +211,8 @@ class PolluxPolicy(BaselinePolicy):
             n = pop.shape[0]
             pairs = (P + 1) // 2
             a, b = rng.integers(n, size=(2, 2, pairs))  # binary tournaments for both parents
-            mother = np.where(fit[a[0]] >= fit[a[1]], a[0], a[1])
-            father = np.where(fit[b[0]] >= fit[b[1]], b[0], b[1])
+            mother = _tournament(a[0], a[1], fit, util, crowd, rng)
+            father = _tournament(b[0], b[1], fit, util, crowd, rng)
             point = rng.integers(pb.J, size=pairs)
             cross = (np.arange(pb.J)[None, :] < point[:, None]) & (rng.random(pairs) < self.crossover_p)[:, None]
             m, f = pop[mother], pop[father]
@@ -193,8 +220,50 @@ class PolluxPolicy(BaselinePolicy):
             c2 = np.where(cross[:, :, None], m, f)
             child = np.concatenate([c1, c2])[:P]
             child = pb.repair(pb.mutate(child, rng), rng)
-            pop, fit = _survive(np.concatenate([pop, child]), np.concatenate([fit, pb.fitness(child)]), P)
-        return pop
+            cf, cu = objs(child)
+            pop, fit, util, crowd = _survive(np.concatenate([pop, child]), np.concatenate([fit, cf]),
+                                             np.concatenate([util, cu]), P, nsga)
+        return pop[np.argsort(-fit, kind="stable")]
+
+
+def _dominates(fa, ua, fb, ub):
+    return (fa >= fb) & (ua >= ub) & ((fa > fb) | (ua > ub))
+
+
+def _tournament(a: np.ndarray, b: np.ndarray, fit, util, crowd, rng: np.random.Generator) -> np.ndarray:
+    """Winners of binary tournaments: the dominating candidate, else the less crowded one, else random.
+    With a single objective (utility all 0) this is the fitter one."""
+    a_wins = _dominates(fit[a], util[a], fit[b], util[b])
+    b_wins = _dominates(fit[b], util[b], fit[a], util[a])
+    tie = ~a_wins & ~b_wins
+    by_crowd = np.where(crowd[a] > crowd[b], True, np.where(crowd[a] < crowd[b], False, rng.random(a.size) < 0.5))
+    return np.where(a_wins | (tie & by_crowd), a, b)
+
+
+def _fronts_and_crowding(fit: np.ndarray, util: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank (0 = non-dominated), crowding distance) of each candidate, NSGA-II style, both maximised."""
+    dom = _dominates(fit[:, None], util[:, None], fit[None, :], util[None, :])  # [i, j]: i dominates j
+    left = dom.sum(axis=0)
+    rank = np.full(fit.size, -1)
+    r = 0
+    while (rank < 0).any():
+        now = (left == 0) & (rank < 0)
+        rank[now] = r
+        left = left - dom[now].sum(axis=0)
+        r += 1
+    crowd = np.zeros(fit.size)
+    for k in range(r):
+        idx = np.flatnonzero(rank == k)
+        if idx.size <= 2:
+            crowd[idx] = np.inf
+            continue
+        for obj in (fit, util):
+            o = idx[np.argsort(obj[idx], kind="stable")]
+            span = obj[o[-1]] - obj[o[0]]
+            crowd[o[0]] = crowd[o[-1]] = np.inf
+            if span > 0:
+                crowd[o[1:-1]] += (obj[o[2:]] - obj[o[:-2]]) / span
+    return rank, crowd
 
 
 # Fixed odd 64-bit multipliers: a candidate's fingerprint for dropping duplicates (a collision only drops
@@ -202,8 +271,18 @@ class PolluxPolicy(BaselinePolicy):
 _HASH = (np.random.default_rng(20210823).integers(1, 2**62, size=1 << 16, dtype=np.int64) | 1)
 
 
-def _survive(pop: np.ndarray, fit: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best ``size`` distinct candidates, best first."""
+def _front(fit: np.ndarray, util: np.ndarray) -> np.ndarray:
+    """Indices of the candidates no other candidate beats on both fitness and utility (first = best fit)."""
+    ge = (fit[None, :] >= fit[:, None]) & (util[None, :] >= util[:, None])
+    gt = (fit[None, :] > fit[:, None]) | (util[None, :] > util[:, None])
+    dominated = (ge & gt).any(axis=1)
+    idx = np.flatnonzero(~dominated)
+    return idx[np.argsort(-fit[idx], kind="stable")]
+
+
+def _survive(pop: np.ndarray, fit: np.ndarray, util: np.ndarray, size: int, nsga: bool):
+    """The ``size`` best distinct candidates and their (fitness, utility, crowding): by non-dominated rank
+    then crowding distance (NSGA-II) with ``nsga``, else by fitness."""
     flat = pop.reshape(pop.shape[0], -1)
     width = flat.shape[1]
     weights = _HASH[np.arange(width) % _HASH.size] + np.arange(width) // _HASH.size
@@ -211,8 +290,15 @@ def _survive(pop: np.ndarray, fit: np.ndarray, size: int) -> tuple[np.ndarray, n
         keys = (flat * weights[None, :]).sum(axis=1)
     order = np.argsort(-fit, kind="stable")
     _, first = np.unique(keys[order], return_index=True)
-    keep = order[np.sort(first)][:size]
-    return pop[keep], fit[keep]
+    uniq = order[np.sort(first)]
+    if nsga:
+        rank, crowd = _fronts_and_crowding(fit[uniq], util[uniq])
+        keep = np.lexsort((-crowd, rank))[:size]
+    else:
+        keep = np.arange(min(size, uniq.size))
+        crowd = np.zeros(uniq.size)
+    sel = uniq[keep]
+    return pop[sel], fit[sel], util[sel], crowd[keep]
 
 
 class _Problem:
@@ -241,7 +327,7 @@ class _Problem:
             limit.append(1 if pinned else max(cap, 1))
         self.max_replicas = np.array(limit, dtype=np.int64)  # (J,)
         fair = int(math.ceil(self.G / self.J))
-        self.speedup = speedup_table(views, self.max_replicas, self.N, fair) * (self.N / self.G)  # (J, N+1, R+1)
+        self.speedup = speedup_table(views, self.max_replicas, fair) * (self.N / self.G)  # (J, 3, R+1)
         age = np.array([max(now_s - v.submit_time_s, 0.0) for v in views])
         restarts = np.array([v.restarts for v in views], dtype=float)
         delay = policy.restart_penalty_s
@@ -252,7 +338,7 @@ class _Problem:
     # ---------------------------------------------------------------- fitness
     def fitness(self, pop: np.ndarray) -> np.ndarray:
         """(P,) power mean of (restart-penalised, scaled) speedups + 0.001: maximised."""
-        k = np.count_nonzero(pop, axis=2)  # (P, J) nodes used
+        k = np.minimum(np.count_nonzero(pop, axis=2), 2)  # (P, J) 0, 1 or several nodes
         r = pop.sum(axis=2)  # (P, J) GPUs
         s = self.speedup[self._jobs[None, :], k, np.minimum(r, self.speedup.shape[2] - 1)]
         s = np.where(r < self.speedup.shape[2], s, 0.0)
@@ -261,6 +347,14 @@ class _Problem:
         if self.p == 0:
             return np.exp(np.log(s).mean(axis=1))
         return (s ** self.p).mean(axis=1) ** (1.0 / self.p)
+
+    def utility(self, pop: np.ndarray) -> np.ndarray:
+        """(P,) cluster utility (the authors' second objective): sum of speedups per GPU of the nodes in use."""
+        k = np.minimum(np.count_nonzero(pop, axis=2), 2)
+        r = pop.sum(axis=2)
+        s = self.speedup[self._jobs[None, :], k, np.minimum(r, self.speedup.shape[2] - 1)] * (self.G / self.N)
+        in_use = (pop.sum(axis=1) > 0) @ self.node_cap  # (P,)
+        return np.where(in_use > 0, s.sum(axis=1) / np.maximum(in_use, 1), 0.0)
 
     # ---------------------------------------------------------------- operators
     def mutate(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -272,9 +366,9 @@ class _Problem:
         out = np.where(rng.random((P, J, N)) < zero_p[:, :, None], 0, out)
         free = self.node_cap[None, :] - out.sum(axis=1)  # (P, N)
         has_free = np.broadcast_to((free >= 1)[:, None, :], out.shape)  # (P, J, N)
-        prob1 = has_free / np.maximum(has_free.sum(axis=2, keepdims=True), 1)
+        prob1 = has_free / np.maximum(has_free.sum(axis=1, keepdims=True), 1)  # 1 / jobs that fit there
         own = has_free & (out > 0)
-        prob2 = own / np.maximum(own.sum(axis=2, keepdims=True), 1)
+        prob2 = own / np.maximum(own.sum(axis=1, keepdims=True), 1)  # 1 / jobs already there
         hit = rng.random(out.shape) < prob1 + prob2 - prob1 * prob2
         hi = np.broadcast_to(self.node_cap[None, None, :], out.shape)
         draw = out + np.floor(rng.random(out.shape) * (hi - out + 1)).astype(np.int64)

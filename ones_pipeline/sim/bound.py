@@ -1,0 +1,185 @@
+"""A lower bound on the mean JCT any policy can reach on a workload, from the simulator's ground truth.
+
+Two relaxations; the bound is the larger of their mean JCTs:
+
+(a) **Alone.** Each job alone on the whole cluster from the moment it can first run, at every instant at
+    its fastest configuration (GPU count up to ``min(gpu_cap, cluster GPUs)`` and total batch) for the
+    progress it has reached. No other job exists, so no policy does better for that job.
+(b) **One big server, SRPT.** The cluster as one machine processing ``G`` GPU-seconds per second; each
+    job needs its least GPU-seconds ``W_j`` (at every progress the configuration using the fewest
+    GPU-seconds per unit of progress) and is released when it can first run. Preemptive
+    shortest-remaining-processing-time is optimal for mean completion time on one machine with release
+    times (Schrage, 1968), and every real schedule maps onto this machine (a job's GPU-time is at least
+    ``W_j`` and the cluster serves at most ``G`` GPU-seconds per second), so its mean JCT is a lower bound.
+
+Shared by both: a job can first run at the first round boundary at or after its submission (the
+simulator's rounds are multiples of ``interval_s``), plus its restart cost (every first start pays it).
+Configurations: ``n`` GPUs on the fewest nodes (``n`` GPUs spread over more nodes only add
+communication in the profiles), total batches on a geometric grid from the job's smallest
+(``min_global_batch`` or ``per_gpu_batch``) to its largest batch plus the workload's own batch, split
+as the simulator splits them. Efficiency depends on progress; where the truth says where it changes
+(``next_rate_change``) the progress axis is cut there and each piece is exact, otherwise it is cut into
+``pieces`` equal parts and each part takes the better of its two ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.engine import SimConfig
+from ones_pipeline.sim.truth import SimJob
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Mean JCT lower bounds (seconds): ``alone`` (a), ``srpt`` (b), and ``mean_jct_s`` = the larger."""
+
+    alone_s: float
+    srpt_s: float
+    jobs: int
+
+    @property
+    def mean_jct_s(self) -> float:
+        return max(self.alone_s, self.srpt_s)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean_jct_s": self.mean_jct_s, "alone_mean_jct_s": self.alone_s,
+                "srpt_mean_jct_s": self.srpt_s, "jobs": self.jobs}
+
+
+def _placements(cluster: Cluster, up_to: int) -> list[tuple[int, ...]]:
+    """Fewest-nodes placement of n = 1..up_to GPUs (largest nodes first)."""
+    sizes = sorted(cluster.gpus_per_node, reverse=True)
+    out = []
+    for n in range(1, up_to + 1):
+        left, pl = n, []
+        for s in sizes:
+            if left <= 0:
+                break
+            pl.append(min(s, left))
+            left -= pl[-1]
+        out.append(tuple(sorted(pl, reverse=True)))
+    return out
+
+
+def _split(truth, n: int, batch: int) -> tuple[int, int]:
+    split = getattr(truth, "split_batch", None)
+    if split is not None:
+        micro, accum = split(n, batch)
+        return int(micro), int(accum)
+    local = math.ceil(batch / n)
+    accum = max(math.ceil(local / truth.max_local_batch) - 1, 0)
+    return math.ceil(local / (accum + 1)), accum
+
+
+def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[float, float]:
+    """(least run time alone in s, least GPU-seconds) of one job over its configurations."""
+    spec, truth = job.spec, job.truth
+    m0 = int(spec.min_global_batch or spec.per_gpu_batch)
+    top = spec.global_batch_cap
+    if top >= 2**60:
+        top = 64 * m0
+    top = max(top, m0)
+    batches = sorted({int(round(b)) for b in np.geomspace(m0, top, grid)} | {spec.per_gpu_batch * spec.requested_gpus})
+    n_max = max(1, min(spec.gpu_cap, cluster.num_gpus))
+    placements = _placements(cluster, n_max)
+    # Per batch: the best raw throughput over GPU counts, and the best throughput per GPU.
+    actual, fast, fast_b, lean = [], [], [], []
+    for b in batches:
+        best_t, best_g, real, real_t = 0.0, 0.0, b, b
+        for pl in placements:
+            n = sum(pl)
+            micro, accum = _split(truth, n, b)
+            if micro < 1:
+                continue
+            step, sync = truth.step_time(pl, micro)
+            total = n * micro * (accum + 1)
+            thr = total / (step + accum * (step - sync))
+            if thr > best_t:
+                best_t, real_t = thr, total
+            if thr / n > best_g:
+                best_g, real = thr / n, total
+        actual.append(real)
+        fast.append(best_t)
+        fast_b.append(real_t)
+        lean.append(best_g)
+    # The progress axis: exact pieces where the truth says where its efficiency changes.
+    total = float(truth.total_progress)
+    changes = getattr(truth, "next_rate_change", None)
+    cuts = {0.0, total}
+    if changes is not None:
+        for b in set(actual) | set(fast_b):
+            p = 0.0
+            while True:
+                nxt = changes(p, b)
+                if nxt is None or not math.isfinite(nxt) or nxt >= total:
+                    break
+                cuts.add(float(nxt))
+                p = nxt
+        exact = True
+    else:
+        cuts.update(np.linspace(0.0, total, pieces + 1).tolist())
+        exact = False
+    cuts = sorted(cuts)
+    time_s = gpu_s = 0.0
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        if hi <= lo:
+            continue
+        at = [0.5 * (lo + hi)] if exact else [lo, hi]
+        rate = max(fast[i] * truth.efficiency(p, fast_b[i]) for i in range(len(batches)) for p in at)
+        per_gpu = max(lean[i] * truth.efficiency(p, actual[i]) for i in range(len(batches)) for p in at)
+        time_s += (hi - lo) / rate
+        gpu_s += (hi - lo) / per_gpu
+    return time_s, gpu_s
+
+
+def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig = SimConfig(),
+                batch_grid: int = 24, pieces: int = 200) -> Bound:
+    """The lower bound of the module docstring for ``workload`` on ``cluster`` under ``config``."""
+    if not workload:
+        raise ValueError("workload has no jobs")
+    cache: dict[tuple, tuple[float, float]] = {}
+    release, alone, work, submit = [], [], [], []
+    for job in workload:
+        s = job.spec
+        key = (id(job.truth), s.min_global_batch, s.per_gpu_batch, s.requested_gpus, s.global_batch_cap, s.gpu_cap)
+        if key not in cache:
+            cache[key] = _per_job(job, cluster, batch_grid, pieces)
+        t_alone, w = cache[key]
+        start = math.ceil(s.submit_time_s / config.interval_s - 1e-9) * config.interval_s
+        start += config.restart_cost_for(s.model, job.truth.restart_cost_s)
+        submit.append(s.submit_time_s)
+        release.append(start)
+        alone.append(start + t_alone - s.submit_time_s)
+        work.append(w / cluster.num_gpus)  # seconds on the one big server
+    done = _srpt(np.array(release), np.array(work))
+    return Bound(float(np.mean(alone)), float(np.mean(done - np.array(submit))), len(workload))
+
+
+def _srpt(release: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Completion times of preemptive SRPT on one machine (unit speed) with release times."""
+    order = np.argsort(release, kind="stable")
+    done = np.empty(len(work))
+    heap: list[tuple[float, int]] = []
+    t, i = 0.0, 0
+    while i < len(order) or heap:
+        if not heap:
+            t = max(t, release[order[i]])
+        while i < len(order) and release[order[i]] <= t:
+            heapq.heappush(heap, (float(work[order[i]]), int(order[i])))
+            i += 1
+        left, j = heapq.heappop(heap)
+        nxt = release[order[i]] if i < len(order) else math.inf
+        if t + left <= nxt:
+            t += left
+            done[j] = t
+        else:
+            heapq.heappush(heap, (left - (nxt - t), j))
+            t = nxt
+    return done

@@ -1,0 +1,65 @@
+"""The lower bound on mean JCT (sim/bound.py): SRPT by hand, and below every policy on real workloads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.bound import _srpt, lower_bound
+from ones_pipeline.sim.engine import SimConfig, simulate
+from ones_pipeline.sim.packaged import workload_path as packaged_workload
+from ones_pipeline.sim.synthetic import synthetic_job
+from ones_pipeline.sim.workloads import load_pollux_workload
+
+
+def test_srpt_by_hand():
+    # Both at 0: the short one first.
+    assert _srpt(np.array([0.0, 0.0]), np.array([2.0, 1.0])).tolist() == [3.0, 1.0]
+    # A short arrival preempts a long job: long 0..1, short 1..2, long 2..5.
+    assert _srpt(np.array([0.0, 1.0]), np.array([4.0, 1.0])).tolist() == [5.0, 2.0]
+    # Idle gap before a late release.
+    assert _srpt(np.array([0.0, 10.0]), np.array([1.0, 1.0])).tolist() == [1.0, 11.0]
+
+
+def test_srpt_never_worse_than_any_order():
+    """On one machine with simultaneous releases SRPT is shortest-first: no permutation beats it."""
+    import itertools
+
+    rng = np.random.default_rng(3)
+    work = rng.uniform(1, 10, size=5)
+    best = min(sum(np.cumsum(work[list(p)])) for p in itertools.permutations(range(5)))
+    assert _srpt(np.zeros(5), work).sum() == pytest.approx(best)
+
+
+def test_a_lone_job_is_never_faster_than_its_alone_bound():
+    cluster = Cluster.uniform(2, 4)
+    for job in load_pollux_workload(packaged_workload("pollux:workload-6"))[:12]:
+        alone = lower_bound([job], cluster).mean_jct_s
+        for name in ("fifo", "pollux"):
+            res = simulate([job], make_policy(name, seed=0), cluster, SimConfig())
+            assert res.jobs[0].jct_s >= alone * (1 - 1e-9), (job.spec.name, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["pollux:workload-6", "pollux-0.5:workload-2"])
+def test_bound_below_every_policy(workload):
+    jobs = load_pollux_workload(packaged_workload(workload))[:40]
+    cluster = Cluster.uniform(4, 4)  # a small cluster keeps the queue (and so the SRPT part) busy
+    bound = lower_bound(jobs, cluster)
+    assert 0 < bound.srpt_s and 0 < bound.alone_s
+    for name in ("fifo", "tiresias", "optimus", "pollux", "ones"):
+        res = simulate(jobs, make_policy(name, seed=0), cluster, SimConfig())
+        mean = float(np.mean([j.jct_s for j in res.jobs]))
+        assert mean >= bound.mean_jct_s, (name, mean, bound)
+
+
+def test_bound_on_synthetic_jobs_below_fifo():
+    rng = np.random.default_rng(1)
+    jobs = [synthetic_job(f"j{i}", float(rng.uniform(0, 600)), float(rng.uniform(1e4, 1e6)), int(rng.integers(1, 5)))
+            for i in range(20)]
+    cluster = Cluster.uniform(2, 4)
+    bound = lower_bound(jobs, cluster)
+    res = simulate(jobs, make_policy("fifo"), cluster, SimConfig())
+    assert np.mean([j.jct_s for j in res.jobs]) >= bound.mean_jct_s
