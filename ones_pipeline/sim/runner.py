@@ -19,7 +19,7 @@ from ones_pipeline.sim.truth import SimJob, TraceError
 POLLUX_COLUMNS = {"name", "time", "application", "num_replicas", "batch_size"}
 ONES_COLUMNS = {"time", "model", "task", "epoch_size", "patience", "batch_size", "lr", "max_lr", "target_acc",
                 "num_gpus"}
-ALL_POLICIES = ("ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux")
+ALL_POLICIES = ("ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux", "sia")
 
 
 @dataclass(frozen=True)

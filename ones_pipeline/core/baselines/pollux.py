@@ -240,29 +240,33 @@ def _tournament(a: np.ndarray, b: np.ndarray, fit, util, crowd, rng: np.random.G
     return np.where(a_wins | (tie & by_crowd), a, b)
 
 
-def _fronts_and_crowding(fit: np.ndarray, util: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rank (0 = non-dominated), crowding distance) of each candidate, NSGA-II style, both maximised."""
+def _fronts_and_crowding(fit: np.ndarray, util: np.ndarray, needed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rank (0 = non-dominated), crowding distance) of each candidate, NSGA-II style, both maximised.
+    Fronts are peeled until ``needed`` candidates are ranked; the rest share the next rank."""
+    n = fit.size
     dom = _dominates(fit[:, None], util[:, None], fit[None, :], util[None, :])  # [i, j]: i dominates j
     left = dom.sum(axis=0)
-    rank = np.full(fit.size, -1)
-    r = 0
-    while (rank < 0).any():
+    rank = np.full(n, -1)
+    r, ranked = 0, 0
+    while ranked < n and (needed is None or ranked < needed):
         now = (left == 0) & (rank < 0)
         rank[now] = r
+        ranked += int(now.sum())
         left = left - dom[now].sum(axis=0)
         r += 1
-    crowd = np.zeros(fit.size)
-    for k in range(r):
-        idx = np.flatnonzero(rank == k)
-        if idx.size <= 2:
-            crowd[idx] = np.inf
-            continue
-        for obj in (fit, util):
-            o = idx[np.argsort(obj[idx], kind="stable")]
-            span = obj[o[-1]] - obj[o[0]]
-            crowd[o[0]] = crowd[o[-1]] = np.inf
-            if span > 0:
-                crowd[o[1:-1]] += (obj[o[2:]] - obj[o[:-2]]) / span
+    rank[rank < 0] = r
+    crowd = np.zeros(n)
+    for obj in (fit, util):
+        o = np.lexsort((obj, rank))  # by front, then objective
+        rs, vs = rank[o], obj[o]
+        first = np.r_[True, rs[1:] != rs[:-1]]
+        last = np.r_[rs[1:] != rs[:-1], True]
+        starts = np.flatnonzero(first)
+        span = np.repeat(np.maximum.reduceat(vs, starts) - np.minimum.reduceat(vs, starts), np.diff(np.r_[starts, n]))
+        gap = np.zeros(n)
+        gap[1:-1] = vs[2:] - vs[:-2]
+        c = np.where(first | last, np.inf, np.where(span > 0, gap / np.where(span > 0, span, 1.0), 0.0))
+        crowd[o] += c
     return rank, crowd
 
 
@@ -292,7 +296,7 @@ def _survive(pop: np.ndarray, fit: np.ndarray, util: np.ndarray, size: int, nsga
     _, first = np.unique(keys[order], return_index=True)
     uniq = order[np.sort(first)]
     if nsga:
-        rank, crowd = _fronts_and_crowding(fit[uniq], util[uniq])
+        rank, crowd = _fronts_and_crowding(fit[uniq], util[uniq], size)
         keep = np.lexsort((-crowd, rank))[:size]
     else:
         keep = np.arange(min(size, uniq.size))
