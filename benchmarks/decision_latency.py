@@ -1,6 +1,8 @@
 """Time of one ``decide`` per policy at three scales (median of repeats) and the peak memory of ``ones``.
 
-Targets (issue 2): ``ones`` under 50 ms at 64 GPUs / 50 jobs, under 2 s at 4096 GPUs / 3000 jobs, and
+Every registered policy is timed (``sia`` and ``pollux`` included; ``pollux``'s job x node search, like
+its authors', grows with jobs x nodes: at 4096 GPUs its population shrinks to fit ``max_cells`` and one
+decision still takes minutes, so slow policies are timed once). Targets (issue 2): ``ones`` under 50 ms at 64 GPUs / 50 jobs, under 2 s at 4096 GPUs / 3000 jobs, and
 under 1 GiB of memory. States are random but seeded (``ones_pipeline.sim.synthetic``): about half the
 jobs running, most with throughput observations. Each policy decides once from scratch, then again
 from its own schedule (the steady state of a live sensor); both are timed.
@@ -38,6 +40,8 @@ def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int) -> tupl
         t2 = time.perf_counter()
         firsts.append(t1 - t0)
         seconds.append(t2 - t1)
+        if t2 - t0 > 20.0:  # a slow search (pollux at thousands of GPUs): one repeat says enough
+            break
     return statistics.median(firsts), statistics.median(seconds)
 
 
