@@ -53,6 +53,7 @@ from ones_pipeline.core.baselines.common import (
     check_bool,
     check_float,
     check_int,
+    held_gpus,
     new_allocation,
 )
 from ones_pipeline.core.policy import register
@@ -317,10 +318,10 @@ class _Problem:
         self.node_cap = np.array(cluster.gpus_per_node, dtype=np.int64)  # (N,)
         node_of = cluster.node_of
         self.base = np.zeros((self.J, self.N), dtype=np.int64)  # (J, N) current GPUs per node
+        self.held = held_gpus(cluster, current, self.names)  # GPUs outside the cluster or claimed twice dropped
         for j, v in enumerate(views):
-            alloc = current.allocations.get(v.name)
-            if alloc is not None:
-                np.add.at(self.base[j], node_of[list(alloc.gpus)], 1)
+            if v.name in self.held:
+                np.add.at(self.base[j], node_of[list(self.held[v.name])], 1)
         self.pinned = np.array([v.spec.model in policy.pinned_models for v in views])
         limit = []
         for v, pinned in zip(views, self.pinned):
@@ -410,15 +411,13 @@ class _Problem:
         for j, name in enumerate(self.names):
             if not state[j].any():
                 continue
-            alloc = current.allocations.get(name)
-            if alloc is not None and (state[j] == self.base[j]).all():
-                gpus[j] = list(alloc.gpus)
-                free[list(alloc.gpus)] = False
+            if name in self.held and (state[j] == self.base[j]).all():
+                gpus[j] = list(self.held[name])
+                free[gpus[j]] = False
             else:
                 changed.append(j)
         for j in changed:
-            alloc = current.allocations.get(self.names[j])
-            held = set(alloc.gpus) if alloc is not None else set()
+            held = set(self.held.get(self.names[j], ()))
             mine: list[int] = []
             for node in np.flatnonzero(state[j]):
                 slots = np.flatnonzero(free & (node_of == node))
