@@ -2,7 +2,8 @@
 
 Every registered policy is timed (``sia`` and ``pollux`` included; ``pollux``'s job x node search, like
 its authors', grows with jobs x nodes: at 4096 GPUs its population shrinks to fit ``max_cells`` and one
-decision still takes minutes, so slow policies are timed once). Targets (issue 2): ``ones`` under 50 ms at 64 GPUs / 50 jobs, under 2 s at 4096 GPUs / 3000 jobs, and
+decision still takes minutes, so slow policies are timed once). Targets (issue 2): ``ones`` under 50 ms at
+64 GPUs / 50 jobs, under 2 s at 4096 GPUs / 3000 jobs, and
 under 1 GiB of memory. States are random but seeded (``ones_pipeline.sim.synthetic``): about half the
 jobs running, most with throughput observations. Each policy decides once from scratch, then again
 from its own schedule (the steady state of a live sensor); both are timed.
@@ -75,7 +76,8 @@ def main() -> None:
     if "ones" in policies:
         print()
         for gpus, jobs, gpn in SCALES:
-            print(f"ones peak traced memory at {gpus} GPUs / {jobs} jobs: {peak_memory_mib('ones', gpus, jobs, gpn):.1f} MiB")
+            print(f"ones peak traced memory at {gpus} GPUs / {jobs} jobs: "
+                  f"{peak_memory_mib('ones', gpus, jobs, gpn):.1f} MiB")
         import resource
 
         rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     model.save(args.out)
 
     print(f"fitted on {cv['jobs']} jobs / {cv['rows']} evaluations -> {args.out}")
-    print("coefficients:", json.dumps(dict(zip(model.feature_names, np.round(model.coef, 4).tolist()))))
+    print("coefficients:", json.dumps(dict(zip(model.feature_names, np.round(model.coef, 4).tolist(), strict=False))))
     print(f"phi = {model.phi:.3f}; prior total epochs = {model.prior_epochs_per_patience:.2f} x patience")
     print("\nleave-one-job-out CV (median over held-out evaluations)")
     print(f"{'':28s}{'Beta regression':>16s}{'naive baseline':>16s}")

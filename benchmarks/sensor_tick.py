@@ -43,7 +43,7 @@ import time
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def _run_event(instance, run_id: str, event_type, when_s: float) -> None:
     from dagster._core.events import DagsterEvent
 
     event = DagsterEvent(event_type_value=event_type.value, job_name="train_job")
-    instance.run_storage.handle_run_event(run_id, event, update_timestamp=datetime.fromtimestamp(when_s, timezone.utc))
+    instance.run_storage.handle_run_event(run_id, event, update_timestamp=datetime.fromtimestamp(when_s, UTC))
 
 
 def populate_mlflow(env, runs: list[PastRun], specs, points: int, each: bool = False) -> float:
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             b = bench_plan_tick(defs, instance, env, args.ticks)
 
     warm = slice(1, None)
-    rest = [w - d for w, d in zip(a["wall"], a["decide"])]
+    rest = [w - d for w, d in zip(a["wall"], a["decide"], strict=False)]
     print(f"\n(a) sensor evaluation (build_sensor_context + the sensor from build_definitions), "
           f"{args.ticks} warm ticks after the first, milliseconds")
     print(f"{'':<34}{'first':>9}{'median':>9}{'p95':>9}")

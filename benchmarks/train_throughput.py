@@ -66,7 +66,7 @@ def stop_resume_costs(model: str, tmp: Path, uri: str) -> dict[str, float]:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd(model, name, slots, batch, state, uri, 50, gen), cwd=ROOT,
                                 stderr=subprocess.DEVNULL)
-        wait_for(lambda: read_progress(uri, "ones", [name]).get(name) is not None
+        wait_for(lambda done=done: read_progress(uri, "ones", [name]).get(name) is not None
                  and read_progress(uri, "ones", [name])[name].samples_done > done)
         out[f"{label}_to_progress_s"] = time.monotonic() - t0
         proc.send_signal(signal.SIGTERM)

@@ -16,13 +16,12 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
+from policy_quality import workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.report import summarise
 from ones_pipeline.sim.runner import run_one
-
-from policy_quality import workloads  # noqa: E402  (same folder)
 
 TUNE, HOLD_OUT = {"workload-1", "workload-2", "workload-3", "workload-4"}, {"workload-5", "workload-6",
                                                                               "workload-7", "workload-8"}
@@ -57,7 +56,8 @@ def main() -> None:
         tune = [means[lab] for lab in labels if lab in TUNE]
         hold = [means[lab] for lab in labels if lab in HOLD_OUT]
         geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
-        print(f"{key:<60}" + "".join(f"{means[lab]:>14.0f}" for lab in labels) + f"{geo(tune):>10.0f}{geo(hold):>10.0f}")
+        print(f"{key:<60}" + "".join(f"{means[lab]:>14.0f}" for lab in labels)
+              + f"{geo(tune):>10.0f}{geo(hold):>10.0f}")
 
 
 if __name__ == "__main__":

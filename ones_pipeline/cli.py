@@ -50,7 +50,8 @@ def _costs_by_model(text: str) -> dict[str, float]:
         except ValueError:
             cost = -1.0
         if not sep or not model.strip() or not cost >= 0:
-            raise argparse.ArgumentTypeError(f"expected MODEL=SECONDS[,MODEL=SECONDS...] with seconds >= 0, got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected MODEL=SECONDS[,MODEL=SECONDS...] with seconds >= 0, got {part!r}")
         out[model.strip()] = cost
     return out
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
 from ones_pipeline.train.catalogue import WORKLOADS, train_size
@@ -359,7 +360,8 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
             if len(parts) == 2:
                 parts.append("ro")
             if len(parts) != 3 or parts[2] not in ("ro", "rw") or not parts[0] or not parts[1]:
-                raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"expected 'HOST:CONTAINER[:ro|rw]', got {v!r}")
+                raise ConfigError(path, f"launcher.docker.volumes[{i}]",
+                                  f"expected 'HOST:CONTAINER[:ro|rw]', got {v!r}")
             host = parts[0] if os.path.isabs(parts[0]) else str(project_dir / parts[0])
             if not os.path.isabs(parts[1]):
                 raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"container path {parts[1]!r} must be "
@@ -381,7 +383,8 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
             user=_get(path, d, "user", str, prefix="launcher.docker."),
             stop_timeout_s=_get(path, d, "stop_timeout_s", float, 30.0, prefix="launcher.docker.", minimum=0))
     launcher = LauncherConfig(kind=kind, docker=docker,
-                              grace_period_s=_get(path, lz, "grace_period_s", float, 20.0, prefix="launcher.", minimum=1))
+                              grace_period_s=_get(path, lz, "grace_period_s", float, 20.0, prefix="launcher.",
+                                                  minimum=1))
     if docker is not None and docker.stop_timeout_s <= launcher.grace_period_s:
         raise ConfigError(path, "launcher.docker.stop_timeout_s",
                           f"{docker.stop_timeout_s:g} must exceed launcher.grace_period_s {launcher.grace_period_s:g} "

@@ -20,12 +20,22 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ones_pipeline.core.policy import Policy, make_policy, policy_from_dict
-from ones_pipeline.core.types import (Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, ThroughputObs,
-                                      lr_for_batch, spec_to_dict)
+from ones_pipeline.core.types import (
+    Allocation,
+    Cluster,
+    JobSpec,
+    JobStatus,
+    JobView,
+    Schedule,
+    ThroughputObs,
+    lr_for_batch,
+    spec_to_dict,
+)
 
 # Run tags (Dagster tag keys: letters, digits, '-', '_', '.', '/').
 TAG_MANAGED = "ones/managed"
@@ -67,7 +77,7 @@ class RunInfo:
 
     @classmethod
     def from_tags(cls, run_id: str, status: str, tags: Mapping[str, str], created_s: float = 0.0,
-                  start_s: float | None = None, end_s: float | None = None) -> "RunInfo | None":
+                  start_s: float | None = None, end_s: float | None = None) -> RunInfo | None:
         if tags.get(TAG_MANAGED) != "true" or TAG_JOB not in tags:
             return None
         slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
@@ -277,7 +287,8 @@ def plan_tick(*, now: float, specs: Mapping[str, JobSpec], finished: set[str] | 
             spec=spec, status=status, submit_time_s=submit[job], samples_done=pr.samples_done,
             progress_samples=pr.samples_done, throughput_obs=pr.throughput_obs, loss_history=pr.loss_history,
             accuracy_history=pr.accuracy_history, initial_loss=pr.loss_history[0][1] if pr.loss_history else None,
-            restarts=max(pr.restarts, len(ran) - 1, 0), attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
+            restarts=max(pr.restarts, len(ran) - 1, 0),
+            attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
             run_time_s=sum(r.held_s(now) for r in ran),
             last_change_s=(cur.start_s or cur.created_s) if cur else None,
             epochs_at_last_change=launch_epochs.get(job, 0.0),

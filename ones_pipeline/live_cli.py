@@ -9,6 +9,7 @@ share one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -72,7 +73,8 @@ def init(env: EnvConfig, quiet: bool = False) -> dict:
     from ones_pipeline.adapters.gpus import discover
     from ones_pipeline.adapters.mlflow_tracker import ensure_store
 
-    inventory = discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus, gpus_per_node=env.cluster.gpus_per_node)
+    inventory = discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus,
+                         gpus_per_node=env.cluster.gpus_per_node)
     home = dagster_home(env)
     home.mkdir(parents=True, exist_ok=True)
     (env.state_dir / "jobs").mkdir(parents=True, exist_ok=True)
@@ -136,7 +138,8 @@ def running_dagster(env: EnvConfig) -> int | None:
 
 def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None) -> subprocess.Popen:
     _refuse_if_running(env)
-    out = open(log_path, "ab") if log_path else None
+    # The child keeps writing to it after this function returns: no context manager.
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     proc = subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
                             preexec_fn=_reset_signals, stdout=out, stderr=subprocess.STDOUT if out else None)
     _pidfile(env).write_text(f"{proc.pid}\n")
@@ -158,18 +161,14 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 45.0) -> None:
     if proc.poll() is not None:
         return
     children = _descendants(proc.pid)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + timeout_s
     try:
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
     try:
         import psutil
@@ -180,10 +179,8 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 45.0) -> None:
     except Exception:  # noqa: BLE001 - psutil missing or processes gone
         pass
     for pid in children:  # whatever outlived the grace period (e.g. a code server)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def pause_file(env: EnvConfig) -> Path:
@@ -321,7 +318,8 @@ def _instance(env: EnvConfig):
 
     home = dagster_home(env)
     if not (home / "dagster.yaml").exists():
-        raise ConfigError(home / "dagster.yaml", None, "no Dagster instance yet: run `ones init` (or `ones up`/`ones run`)")
+        raise ConfigError(home / "dagster.yaml", None,
+                          "no Dagster instance yet: run `ones init` (or `ones up`/`ones run`)")
     return dg.DagsterInstance.from_config(str(home))
 
 
@@ -501,7 +499,8 @@ def _print_summary(env: EnvConfig, instance, specs) -> None:
     summary = report_dir / "summary.json"
     if summary.exists():
         s = json.loads(summary.read_text()).get("summary", {})
-        print(f"\nmean JCT {s.get('mean_jct_s', float('nan')):.1f} s, makespan {s.get('makespan_s', float('nan')):.1f} s, "
+        print(f"\nmean JCT {s.get('mean_jct_s', float('nan')):.1f} s, "
+              f"makespan {s.get('makespan_s', float('nan')):.1f} s, "
               f"utilisation {100 * s.get('utilisation', float('nan')):.0f}%")
     print(f"\nMLflow runs: {env.tracking_uri()} (experiment {env.mlflow.experiment}); "
           f"browse with: mlflow ui --backend-store-uri {env.tracking_uri()}")

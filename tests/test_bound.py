@@ -48,7 +48,7 @@ def test_bound_below_every_policy(workload):
     jobs = load_pollux_workload(packaged_workload(workload))[:40]
     cluster = Cluster.uniform(4, 4)  # a small cluster keeps the queue (and so the SRPT part) busy
     bound = lower_bound(jobs, cluster)
-    assert 0 < bound.srpt_s and 0 < bound.alone_s
+    assert bound.srpt_s > 0 and bound.alone_s > 0
     for name in ("fifo", "tiresias", "optimus", "pollux", "ones"):
         res = simulate(jobs, make_policy(name, seed=0), cluster, SimConfig())
         mean = float(np.mean([j.jct_s for j in res.jobs]))

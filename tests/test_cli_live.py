@@ -129,7 +129,7 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     assert lines[0].split() == ["job", "state", "gpus", "batch", "progress", "eta", "restarts"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert sorted(rows) == ["cnn-c", "mlp-a", "mlp-b"]
-    for job, cells in rows.items():
+    for _job, cells in rows.items():
         assert cells[1:5] == ["pending", "-", "-", "0.0/2"], cells
         assert cells[-1] == "0"
 

@@ -11,8 +11,8 @@ import pytest
 dg = pytest.importorskip("dagster")
 pytest.importorskip("mlflow")
 
-from dagster._core.storage.dagster_run import DagsterRunStatus  # noqa: E402
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
+from dagster._core.storage.dagster_run import DagsterRunStatus  # noqa: E402
 from dagster._core.test_utils import create_run_for_test  # noqa: E402
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin  # noqa: E402
 
@@ -82,7 +82,8 @@ def test_definitions_load_and_validate(project):
     assert {a.key.to_user_string() for a in defs.resolve_all_asset_specs()} >= {"training_job", "cluster_report"}
     assert defs.resolve_sensor_def("ones_scheduler_sensor").minimum_interval_seconds == 5
     assert defs.resolve_job_def("train_job") is not None
-    out = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
+    out = subprocess.run([str(Path(sys.executable).parent / "dagster"), "definitions", "validate",
+                          "-w", "workspace.yaml"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Validation successful" in out.stderr + out.stdout
@@ -141,9 +142,11 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     assert rr.run_key == "job-a-g1" and rr.tags["ones/previous-gpus"] == "0,1"
     assert json.loads(rr.run_config["ops"]["training_job"]["config"]["spec_json"])["stopping"]["epochs"] == 12
     decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
-    assert decisions[-1]["job"] == "job-a" and decisions[-1]["before"] == [0, 1] and "spec changed" in decisions[-1]["reason"]
+    assert (decisions[-1]["job"] == "job-a" and decisions[-1]["before"] == [0, 1]
+            and "spec changed" in decisions[-1]["reason"])
     # The decision is visible in the UI as an observation of the job's partition.
-    assert any(e.partition == "job-a" and "spec changed" in str(e.metadata["reason"].value) for e in second.asset_events)
+    assert any(e.partition == "job-a" and "spec changed" in str(e.metadata["reason"].value)
+               for e in second.asset_events)
 
 
 def test_a_new_job_on_a_full_cluster_makes_room_by_preemption_or_shrink(project, instance):

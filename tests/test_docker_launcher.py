@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 dg = pytest.importorskip("dagster")
-docker = pytest.importorskip("docker")
+pytest.importorskip("docker")
 pytest.importorskip("dagster_docker")
 pytest.importorskip("torch")
 pytest.importorskip("mlflow")

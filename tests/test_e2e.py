@@ -24,9 +24,12 @@ pytestmark = pytest.mark.e2e
 JOBS = {
     # The long job is submitted first and takes both slots; the short ones arrive once it has trained a
     # while, so ONES shrinks or preempts it (it resumes from its checkpoint) and regrows it later.
-    "long-cnn": "model: cnn-digits\nper_gpu_batch: 16\nbase_lr: 0.02\nmax_lr: 0.08\nmax_gpus: 2\nstopping: {epochs: 150}\n",
-    "quick-mlp": "model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\nstopping: {epochs: 10}\n",
-    "mid-mlp": "model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\nstopping: {epochs: 40}\n",
+    "long-cnn": ("model: cnn-digits\nper_gpu_batch: 16\nbase_lr: 0.02\nmax_lr: 0.08\nmax_gpus: 2\n"
+                 "stopping: {epochs: 150}\n"),
+    "quick-mlp": ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\n"
+                  "stopping: {epochs: 10}\n"),
+    "mid-mlp": ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\n"
+                "stopping: {epochs: 40}\n"),
 }
 TIMEOUT_S = 420
 
@@ -48,7 +51,8 @@ def graphql(port: int, query: str) -> dict:
 
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... on Asset {
   assetMaterializations(limit: 50) { partition runId metadataEntries { label
-    ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } } } } } }"""
+    ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } \
+... on TextMetadataEntry { text } } } } } }"""
 RUNS = """{ runsOrError(filter: {tags: [{key: "ones/managed", value: "true"}]}, limit: 200) { ... on Runs {
   results { runId status startTime endTime tags { key value } } } } }"""
 
@@ -67,7 +71,7 @@ def project(tmp_path):
 def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     port = free_port()
     ones = str(Path(sys.executable).parent / "ones")
-    log = open(project / "up.log", "wb")
+    log = open(project / "up.log", "wb")  # noqa: SIM115 (the daemon writes to it until the test stops it)
     proc = subprocess.Popen([ones, "up", "--project", str(project), "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -100,7 +104,8 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             if {m["partition"] for m in mats} >= set(JOBS):
                 break
             assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"not all materialized in {TIMEOUT_S} s: {[m['partition'] for m in mats]}"
+            assert time.monotonic() < deadline, (
+                f"not all materialized in {TIMEOUT_S} s: {[m['partition'] for m in mats]}")
             time.sleep(3)
         # Once nothing is left, the sensor requests the cluster report (markdown with inlined PNGs).
         report_query = """{ assetOrError(assetKey: {path: ["cluster_report"]}) { ... on Asset {
@@ -122,13 +127,15 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     assert proc.returncode == 0, (project / "up.log").read_text()[-3000:]
 
     # Every job materialized once, with its metadata.
-    meta = {m["partition"]: {e["label"]: e.get("floatValue", e.get("intValue", e.get("text"))) for e in m["metadataEntries"]}
+    meta = {m["partition"]: {e["label"]: e.get("floatValue", e.get("intValue", e.get("text")))
+                             for e in m["metadataEntries"]}
             for m in mats}
     for job in JOBS:
         assert meta[job]["accuracy"] > 0.5 and meta[job]["jct_s"] > 0 and meta[job]["gpu_seconds"] > 0
 
     entries = {e["label"]: e for e in report[0]["metadataEntries"]}
-    assert entries["jobs"].get("intValue", entries["jobs"].get("floatValue")) == len(JOBS) and entries["mean_jct_s"]["floatValue"] > 0
+    assert (entries["jobs"].get("intValue", entries["jobs"].get("floatValue")) == len(JOBS)
+            and entries["mean_jct_s"]["floatValue"] > 0)
     assert entries["report"]["mdStr"].count("data:image/png;base64,") == 2
     assert all(job in entries["report"]["mdStr"] for job in JOBS)
     assert (project / ".ones/state/report/allocation.png").stat().st_size > 1000
@@ -145,7 +152,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     assert spans, runs
     for slot, intervals in spans.items():
         intervals.sort()
-        for (s1, e1, r1), (s2, e2, r2) in zip(intervals, intervals[1:]):
+        for (_s1, e1, r1), (s2, _e2, r2) in zip(intervals, intervals[1:], strict=False):
             assert s2 >= e1 - 1e-6, f"{slot} held by {r1} and {r2} at once"
 
     # At least one job changed allocation and resumed from its checkpoint: >= 2 generations that ran,
@@ -171,5 +178,6 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     assert resumed, f"no job resumed from a checkpoint in a later generation: {generations}"
 
     # The report ran once everything ended and `ones status` shows every job finished.
-    assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:] if line.split()[0] in JOBS), status.stdout
+    assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:]
+               if line.split()[0] in JOBS), status.stdout
     assert (project / ".ones/state/decisions.jsonl").exists()

@@ -25,7 +25,7 @@ def test_generation_follows_every_run_ever_and_stale_runs_are_cancelled():
             run("b", 0, [1], "QUEUED"), run("b", 1, [1], "STARTED")]
     p = plan([spec("a"), spec("b")], runs, now=10_000.0, retry_backoff_s=0.0)
     assert [c.run_id for c in p.cancels if c.reason.startswith("superseded")] == ["b-0"]
-    (launch,) = [l for l in p.launches if l.job == "a"]  # slot 0 is free and the backoff is over
+    (launch,) = [item for item in p.launches if item.job == "a"]  # slot 0 is free and the backoff is over
     assert launch.generation == 4 and launch.run_key == "a-g4"
 
 
@@ -36,8 +36,8 @@ def test_a_young_run_keeps_its_slots_and_blocks_what_would_need_them():
     held = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
     assert not held.cancels and not held.launches
     free = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
-    assert [c.job for c in free.cancels] == ["long"] and "short" in {l.job for l in free.launches}
-    slots = [s for l in free.launches for s in l.slot_ids]
+    assert [c.job for c in free.cancels] == ["long"] and "short" in {x.job for x in free.launches}
+    slots = [s for x in free.launches for s in x.slot_ids]
     assert len(slots) == len(set(slots))
 
 

@@ -8,8 +8,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ones_pipeline.adapters.live_report import (SUMMARY_KEYS, TABLE_COLUMNS, FinishedJob, RunSpan, build_report,
-                                                job_metrics, png_markdown)
+from ones_pipeline.adapters.live_report import (
+    SUMMARY_KEYS,
+    TABLE_COLUMNS,
+    FinishedJob,
+    RunSpan,
+    build_report,
+    job_metrics,
+    png_markdown,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

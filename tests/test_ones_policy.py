@@ -5,7 +5,15 @@ import numpy as np
 from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.types import (
-    Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, StopKind, StoppingRule, ThroughputObs,
+    Allocation,
+    Cluster,
+    JobSpec,
+    JobStatus,
+    JobView,
+    Schedule,
+    StopKind,
+    StoppingRule,
+    ThroughputObs,
 )
 from ones_pipeline.sim.synthetic import random_scheduler_state
 

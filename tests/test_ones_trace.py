@@ -44,7 +44,7 @@ def test_trace_1_loads_400_jobs(jobs):
     assert all(JOB_NAME_RE.match(n) for n in names)
     assert names[1] == "inception-v3-imagenet-1"
     raw = pd.read_csv(TRACE)
-    for j, (_, r) in zip(jobs, raw.iterrows()):
+    for j, (_, r) in zip(jobs, raw.iterrows(), strict=False):
         s = j.spec
         assert s.submit_time_s == r["time"] and s.dataset_size == r["epoch_size"]
         assert s.per_gpu_batch == r["batch_size"] and s.requested_gpus == r["num_gpus"]
@@ -63,7 +63,7 @@ def test_first_50_option_matches_the_full_load(jobs):
 
 def test_every_model_task_of_the_trace_is_in_the_catalogue():
     raw = pd.read_csv(TRACE)
-    pairs = set(zip(raw["model"], raw["task"]))
+    pairs = set(zip(raw["model"], raw["task"], strict=False))
     assert pairs <= set(JOB_TYPES)
     assert len(pairs) == 10
     cat = catalogue(ONES, POLLUX)
@@ -268,7 +268,8 @@ def test_epochs_grow_with_the_global_batch(jobs):
     gb4, _ = batch_and_lr(cifar.spec, 4 * cifar.spec.requested_gpus)
     assert gb4 == 4 * gb1
     t = cifar.truth
-    mean_eff = lambda m: np.mean([t.efficiency(f * t.total_progress, m) for f in np.linspace(0, 1, 21)])
+    def mean_eff(m):
+        return np.mean([t.efficiency(f * t.total_progress, m) for f in np.linspace(0, 1, 21)])
     assert mean_eff(gb4) < mean_eff(gb1) < 1.0
     assert standalone_time_s(cifar, 4 * cifar.spec.requested_gpus) < standalone_time_s(cifar)
     inc = next(j for j in jobs if j.spec.model == "inception_v3-imagenet")
@@ -283,8 +284,7 @@ needs_artifact = pytest.mark.skipif(not ARTIFACT.is_file(), reason=f"artifact pr
 @needs_artifact
 def test_every_type_has_an_artifact_speed_and_it_is_a_median_fit():
     """Per type: median over its artifact jobs of (calibrated model median - S) / (artifact - S) is 1."""
-    from ones_pipeline.sim.ones_trace import make_spec, read_artifact_profile
-    from ones_pipeline.sim.truth import SimJob
+    from ones_pipeline.sim.ones_trace import read_artifact_profile
 
     cat = catalogue(ONES, POLLUX)
     executed = read_artifact_profile(ARTIFACT)
@@ -296,7 +296,8 @@ def test_every_type_has_an_artifact_speed_and_it_is_a_median_fit():
         mine = [(rows[i], e) for i, e in executed.items() if (rows[i].model, rows[i].task) == key]
         med = {}
         for es in {r.epoch_size for r, _ in mine}:
-            jobs_es = [j for j in load_ones_trace(TRACE) if (j.spec.model, j.spec.dataset_size) == (ct.job_type.key, es)]
+            jobs_es = [j for j in load_ones_trace(TRACE)
+                       if (j.spec.model, j.spec.dataset_size) == (ct.job_type.key, es)]
             med[es] = float(np.median([standalone_time_s(j) for j in jobs_es]))
         ratios = [(med[r.epoch_size] - s) / max(e - s, 0.2 * e) for r, e in mine]
         assert float(np.median(ratios)) == pytest.approx(1.0, rel=1e-6), key

@@ -4,7 +4,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ones_pipeline.core.policy import make_policy, policy_from_dict, policy_names
 from ones_pipeline.sim.synthetic import random_scheduler_state as random_state

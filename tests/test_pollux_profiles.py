@@ -88,7 +88,7 @@ def test_local_batch_interpolation_between_neighbours(prof):
     for key in [(1,), (4,), (2, 2), (4, 4, 4, 4)]:
         g = df[df["key"] == key].groupby("local_bsz")["step_time"].mean()
         bs = list(g.index)
-        for lo, hi in zip(bs[:-1], bs[1:]):
+        for lo, hi in zip(bs[:-1], bs[1:], strict=False):
             if hi - lo < 2:
                 continue
             mid = (lo + hi) // 2
@@ -149,7 +149,7 @@ def test_efficiency_decreases_with_batch(model):
     p = load_pollux_profile(TRACES, model)
     for frac, tol in ((0.05, 1e-12), (0.3, 1e-12), (0.7, 5e-3), (1.0, 5e-3)):
         effs = [p.efficiency(frac * p.total_progress, b) for b in range(p.base_batch, p.max_batch + 1, p.base_batch)]
-        assert all(a >= b - tol for a, b in zip(effs, effs[1:]))
+        assert all(a >= b - tol for a, b in zip(effs, effs[1:], strict=False))
         assert effs[-1] < effs[0]
 
 

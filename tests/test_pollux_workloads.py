@@ -33,7 +33,7 @@ def test_main_workloads_load(index):
     times = [j.spec.submit_time_s for j in jobs]
     assert times == sorted(times) and times[0] >= 0
     raw = path.read_text().splitlines()[1:]
-    for job, line in zip(jobs, raw):
+    for job, line in zip(jobs, raw, strict=False):
         name, t, app, replicas, batch = line.split(",")
         spec, truth = job.spec, job.truth
         assert isinstance(truth, PolluxModelProfile) and truth.model == app == spec.model

@@ -33,7 +33,8 @@ def _history_view(job: P.HistoryJob, k: int) -> JobView:
     spec = _spec(StoppingRule(StopKind.ACCURACY, target_accuracy=job.target, patience=job.patience),
                  job.epoch_size)
     s = job.samples[: k + 1]
-    return _view(spec, float(s[-1]), accs=zip(s, job.accs[: k + 1]), losses=zip(s, job.losses[: k + 1]),
+    return _view(spec, float(s[-1]), accs=zip(s, job.accs[: k + 1], strict=False),
+                 losses=zip(s, job.losses[: k + 1], strict=False),
                  initial_loss=job.initial_loss)
 
 

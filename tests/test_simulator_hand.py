@@ -57,7 +57,8 @@ TWO_EXPECTED = {
     # Demotion threshold 30 GPU-s: at t=20 big has 40 GPU-s -> low queue; small (queue 0) preempts it
     # and runs 20-25; big resumes at the round at 30 with 4 000 left: 20 s, done at 50.
     "tiresias": {"big": 50.0, "small": 20.0},
-    # At t=10 every job gets 1 GPU first, which uses both GPUs. small runs 10-20 at 100/s; big made 2 000 (0-10) + 1 000 (10-20), then 5 000 on 2 GPUs: done at 45.
+    # At t=10 every job gets 1 GPU first, which uses both GPUs. small runs 10-20 at 100/s; big made 2 000 (0-10)
+    # + 1 000 (10-20), then 5 000 on 2 GPUs: done at 45.
     "optimus": {"big": 45.0, "small": 15.0},
     # With the true restart cost (0) in its fitness, preempting big is worth it: small 10-15 on 2 GPUs,
     # big resumes at 20 with 6 000 left: 30 s, done at 50. Sum of JCTs 60 vs 80 for FIFO.

@@ -1,5 +1,6 @@
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ones_pipeline.core import throughput as tp
 from ones_pipeline.core.efficiency import efficiency

@@ -45,7 +45,7 @@ def test_same_seed_same_initial_model():
     a = build_model("cnn", 10, (1, 8, 8))
     torch.manual_seed(3)
     b = build_model("cnn", 10, (1, 8, 8))
-    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values(), strict=False))
 
 
 def test_resnet18_structure():
@@ -88,7 +88,7 @@ def test_digits_offline_and_deterministic(monkeypatch):
     assert set(y.tolist()) == set(range(10))
     assert abs(float(x.mean())) < 0.05  # standardised with the train split's statistics
     again = load_dataset("digits", seed=0)
-    for a, b in zip(train.tensors + test.tensors, again[0].tensors + again[1].tensors):
+    for a, b in zip(train.tensors + test.tensors, again[0].tensors + again[1].tensors, strict=False):
         assert torch.equal(a, b)
     other = load_dataset("digits", seed=1)
     assert not torch.equal(other[1].tensors[1], test.tensors[1])

@@ -130,8 +130,8 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     dagster_pipes = pytest.importorskip("dagster_pipes")
     import json
 
-    from ones_pipeline.train.api import spec_to_json
     from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+    from ones_pipeline.train.api import spec_to_json
 
     spec = JobSpec(name="piped", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
                    requested_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=2))

@@ -2,7 +2,13 @@ import numpy as np
 import pytest
 
 from ones_pipeline.core.types import (
-    Allocation, Cluster, JobSpec, Schedule, StopKind, StoppingRule, batch_and_lr,
+    Allocation,
+    Cluster,
+    JobSpec,
+    Schedule,
+    StopKind,
+    StoppingRule,
+    batch_and_lr,
 )
 
 

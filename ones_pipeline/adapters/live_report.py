@@ -16,9 +16,9 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -89,11 +89,8 @@ def job_metrics(job: FinishedJob, spans: Sequence[RunSpan], now_s: float | None 
     intervals = [(iv, len(s.slot_ids)) for s in spans if s.job == job.job and (iv := _interval(s, now)) is not None]
     run_s = sum(e - s for (s, e), _ in intervals)
     gpu_s = sum((e - s) * n for (s, e), n in intervals)
-    if intervals:
-        # The scheduler sees a job before it launches a run of it; a start before the submit is clock skew.
-        wait_s = max(0.0, min(s for (s, _), _ in intervals) - float(job.submit_s))
-    else:
-        wait_s = math.nan
+    # The scheduler sees a job before it launches a run of it; a start before the submit is clock skew.
+    wait_s = max(0.0, min(s for (s, _), _ in intervals) - float(job.submit_s)) if intervals else math.nan
     return {
         "jct_s": float(job.finish_s) - float(job.submit_s),
         "wait_s": float(wait_s),

@@ -23,17 +23,17 @@ import math
 import os
 import random
 import re
-import socket
 import sqlite3
 import statistics
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import sqlalchemy
 from alembic.util import CommandError as AlembicCommandError  # mlflow's schema migrations
@@ -172,7 +172,7 @@ def _check_http(tracking_uri: str, timeout_s: float) -> None:
         # Any HTTP answer below 500 (e.g. 401 without credentials, 404 behind a proxy) means a server is there.
         if exc.code >= 500:
             raise TrackerError(f"tracking URI {tracking_uri!r}: server error {exc.code} from {url}") from exc
-    except (urllib.error.URLError, OSError, socket.timeout) as exc:
+    except (TimeoutError, urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise TrackerError(
             f"tracking URI {tracking_uri!r}: server not reachable within {timeout_s:g} s ({reason})"
@@ -325,7 +325,7 @@ class JobRun:
 
     @classmethod
     def open(cls, tracking_uri: str, experiment: str, job_name: str, state_dir: str | os.PathLike,
-             params: Mapping[str, Any] | Any, generation: int) -> "JobRun":
+             params: Mapping[str, Any] | Any, generation: int) -> JobRun:
         """Resume the job's run (id in ``<state_dir>/mlflow_run_id``) or create it.
 
         A new run gets ``params`` (a mapping or a dataclass such as a ``JobSpec``; nested values are
@@ -745,7 +745,7 @@ def _read_client(tracking_uri: str, experiment: str, jobs: list[str] | None) -> 
     else:
         histories = [history(t) for t in tasks]
     series: dict[str, dict[str, _Series]] = {job: {} for job in newest}
-    for (job, key), points in zip(tasks, histories):
+    for (job, key), points in zip(tasks, histories, strict=False):
         series[job][key] = points
     out = {}
     for job, run in newest.items():
@@ -770,7 +770,8 @@ def _build_progress(job: str, run_id: str, status: str, start_ms: int | None, ta
             metrics[key] = series[key][-1][1]  # last logged = current, also after a rewind
     if records:
         last = records[-1]
-        for key, value in zip(("gpus", "per_gpu_batch", "num_nodes", "step_time_s", "sync_time_s"), last[1:]):
+        for key, value in zip(("gpus", "per_gpu_batch", "num_nodes", "step_time_s", "sync_time_s"), last[1:],
+                              strict=False):
             if value is not None and math.isfinite(value) and key in metrics:
                 metrics[key] = value
     loss = _current_trajectory(series.get("loss", ()))
@@ -810,7 +811,7 @@ def _current_trajectory(points: _Series) -> tuple[tuple[float, float], ...]:
     points belong to lost work and are dropped (for the same step, the later value wins).
     """
     steps = [p[0] for p in points]
-    if all(a < b for a, b in zip(steps, steps[1:])):  # no rewind: the common case
+    if all(a < b for a, b in zip(steps, steps[1:], strict=False)):  # no rewind: the common case
         return tuple((float(s), float(v)) for s, v in points)
     out: list[tuple[float, float]] = []
     for step, value in points:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -106,7 +106,8 @@ def load_50(ones_dir: Path = ONES_DIR, artifact: bool = True) -> list[SimJob]:
     base = Catalogue(cat.pollux_traces_dir, ones_dir / "job_history.csv", ones_dir / "trace_dev.csv",
                      cat.restart_cost_s, artifact=False)
     rows = read_ones_trace(ones_dir / "trace_1.csv")[:50]
-    return [SimJob(j.spec, OnesJobTruth(r, base[(r.model, r.task)], base.restart_cost_s)) for j, r in zip(jobs, rows)]
+    return [SimJob(j.spec, OnesJobTruth(r, base[(r.model, r.task)], base.restart_cost_s))
+            for j, r in zip(jobs, rows, strict=False)]
 
 
 def oracle_jobs(jobs: Sequence[SimJob], ones_dir: Path = ONES_DIR) -> list[SimJob]:
@@ -127,11 +128,15 @@ def oracle_jobs(jobs: Sequence[SimJob], ones_dir: Path = ONES_DIR) -> list[SimJo
 
 
 def _fmt(c: Comparison) -> str:
-    return (f"| mean JCT | {c.mean_jct[0]:.0f} | {c.mean_jct[1]:.1f} | {100 * (c.mean_jct[0] / c.mean_jct[1] - 1):+.0f} % |\n"
-            f"| mean execution | {c.mean_exec[0]:.0f} | {c.mean_exec[1]:.1f} | {100 * (c.mean_exec[0] / c.mean_exec[1] - 1):+.0f} % |\n"
+    return (f"| mean JCT | {c.mean_jct[0]:.0f} | {c.mean_jct[1]:.1f} | "
+            f"{100 * (c.mean_jct[0] / c.mean_jct[1] - 1):+.0f} % |\n"
+            f"| mean execution | {c.mean_exec[0]:.0f} | {c.mean_exec[1]:.1f} | "
+            f"{100 * (c.mean_exec[0] / c.mean_exec[1] - 1):+.0f} % |\n"
             f"| mean wait (JCT - execution) | {c.mean_wait[0]:.0f} | {c.mean_wait[1]:.1f} | |\n"
-            f"| median JCT | {c.median_jct[0]:.0f} | {c.median_jct[1]:.0f} | {100 * (c.median_jct[0] / c.median_jct[1] - 1):+.0f} % |\n"
-            f"| median execution | {c.median_exec[0]:.0f} | {c.median_exec[1]:.0f} | {100 * (c.median_exec[0] / c.median_exec[1] - 1):+.0f} % |\n"
+            f"| median JCT | {c.median_jct[0]:.0f} | {c.median_jct[1]:.0f} | "
+            f"{100 * (c.median_jct[0] / c.median_jct[1] - 1):+.0f} % |\n"
+            f"| median execution | {c.median_exec[0]:.0f} | {c.median_exec[1]:.0f} | "
+            f"{100 * (c.median_exec[0] / c.median_exec[1] - 1):+.0f} % |\n"
             f"| Spearman, per-job execution | {c.spearman_exec:.2f} | (target >= 0.8) | |\n"
             f"| Spearman, (type, epoch size) medians | {c.spearman_type_medians:.2f} | | |")
 
@@ -206,12 +211,14 @@ def report_heldout(ones_dir: Path = ONES_DIR) -> None:
     med_model = {}
     for r in rows:
         tt = OnesJobTruth(r, base[(r.model, r.task)], s)
-        med_model.setdefault((r.model, r.task, r.epoch_size), []).append(standalone_time_s(SimJob(make_spec(r, tt), tt)))
+        med_model.setdefault((r.model, r.task, r.epoch_size), []).append(
+            standalone_time_s(SimJob(make_spec(r, tt), tt)))
     med_model = {k: float(np.median(v)) for k, v in med_model.items()}
     print("| type | held-out epoch size | jobs | artifact median exec | predicted | error |\n|---|---|---|---|---|---|")
     errs = []
     for (m, tk) in sorted({(r.model, r.task) for r in rows}):
-        mine = [(rows[i], e) for i, e in zip(art.id, art.execution_time) if (rows[i].model, rows[i].task) == (m, tk)]
+        mine = [(rows[i], e) for i, e in zip(art.id, art.execution_time, strict=False)
+                if (rows[i].model, rows[i].task) == (m, tk)]
         sizes = sorted({r.epoch_size for r, _ in mine})
         if len(sizes) < 2:
             continue

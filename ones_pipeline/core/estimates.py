@@ -6,8 +6,8 @@ Conversions from ``JobView`` objects to arrays happen here, once per decision.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -21,11 +21,11 @@ def fitted_params(jobs: Sequence[JobView]) -> np.ndarray:
     """(J, 6) throughput parameters: each job's own fit, else the mean fit of jobs of the same model."""
     own = [_fit_cached(tuple(j.throughput_obs)) if j.throughput_obs else None for j in jobs]
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
-    for j, p in zip(jobs, own):
+    for j, p in zip(jobs, own, strict=False):
         if p is not None:
             by_model[j.spec.model].append(p)
     out = np.empty((len(jobs), tp.N_PARAMS))
-    for i, (j, p) in enumerate(zip(jobs, own)):
+    for i, (j, p) in enumerate(zip(jobs, own, strict=False)):
         if p is not None:
             out[i] = p
         elif by_model.get(j.spec.model):

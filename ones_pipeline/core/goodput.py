@@ -30,8 +30,8 @@ samples per second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Sequence
 
 import numpy as np
 
@@ -223,7 +223,8 @@ def _bfgs(fg, z: np.ndarray, idx: np.ndarray, max_iter: int) -> np.ndarray:
         if sy > 1e-12:
             rho = 1.0 / sy
             eye = np.eye(len(idx))
-            h = (eye - rho * np.outer(s_vec, y_vec)) @ h @ (eye - rho * np.outer(y_vec, s_vec)) + rho * np.outer(s_vec, s_vec)
+            h = ((eye - rho * np.outer(s_vec, y_vec)) @ h @ (eye - rho * np.outer(y_vec, s_vec))
+                 + rho * np.outer(s_vec, s_vec))
         if abs(f_old - f) < 1e-9 * max(1.0, abs(f)):
             break
     return z

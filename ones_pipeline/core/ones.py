@@ -26,7 +26,8 @@ epoch. The chosen individual is placed on GPUs displacing as few running jobs as
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -199,7 +200,7 @@ class OnesPolicy:
         order = np.lexsort((submit, ctx.solo_time(best)))
         return _schedule_from_counts(cluster, jobs, best, current, order, batches)
 
-    def _initial_population(self, jobs: Sequence[JobView], ctx: "_Ctx") -> np.ndarray:
+    def _initial_population(self, jobs: Sequence[JobView], ctx: _Ctx) -> np.ndarray:
         P, J = self.params["population"], len(jobs)
         pop = np.zeros((P, J), dtype=np.int64)
         rows = 0
@@ -218,7 +219,7 @@ class OnesPolicy:
             pop[rows:] = self._mutate(src, ctx, jobs)
         return pop
 
-    def _breed(self, pop: np.ndarray, ctx: "_Ctx", jobs: Sequence[JobView]) -> np.ndarray:
+    def _breed(self, pop: np.ndarray, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
         P, J = pop.shape
         rng = self.rng
         a = pop[rng.integers(0, P, size=P)]
@@ -226,7 +227,7 @@ class OnesPolicy:
         mask = rng.random((P, J)) < self.params["crossover_p"]
         return self._mutate(np.where(mask, a, b), ctx, jobs)
 
-    def _mutate(self, pop: np.ndarray, ctx: "_Ctx", jobs: Sequence[JobView]) -> np.ndarray:
+    def _mutate(self, pop: np.ndarray, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
         rng = self.rng
         p = self.params
         out = pop.copy()

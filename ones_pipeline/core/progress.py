@@ -33,9 +33,10 @@ import csv
 import functools
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -261,7 +262,7 @@ class ProgressModel:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ProgressModel":
+    def from_dict(cls, data: Mapping[str, Any]) -> ProgressModel:
         return cls(tuple(data["coef"]), float(data["phi"]), float(data["prior_epochs_per_patience"]),
                    tuple(data["feature_names"]), dict(data.get("meta", {})))
 
@@ -271,7 +272,7 @@ class ProgressModel:
         return path
 
     @classmethod
-    def load(cls, path: str | Path = COEFFICIENTS_PATH) -> "ProgressModel":
+    def load(cls, path: str | Path = COEFFICIENTS_PATH) -> ProgressModel:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 

@@ -16,7 +16,7 @@ scale-out) model and more placements sharpen it. The model never returns a non-p
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -177,11 +177,11 @@ class Cluster:
         object.__setattr__(self, "gpus_per_node", gpn)
 
     @classmethod
-    def uniform(cls, num_nodes: int, gpus_per_node: int) -> "Cluster":
+    def uniform(cls, num_nodes: int, gpus_per_node: int) -> Cluster:
         return cls((gpus_per_node,) * num_nodes)
 
     @classmethod
-    def from_total(cls, num_gpus: int, gpus_per_node: int) -> "Cluster":
+    def from_total(cls, num_gpus: int, gpus_per_node: int) -> Cluster:
         if num_gpus < 1 or gpus_per_node < 1:
             raise ValueError(f"need num_gpus >= 1 and gpus_per_node >= 1, got {num_gpus}, {gpus_per_node}")
         full, rest = divmod(num_gpus, gpus_per_node)
@@ -244,7 +244,7 @@ class Allocation:
         return int(math.ceil(self.global_batch / len(self.gpus)))
 
     @classmethod
-    def for_spec(cls, spec: JobSpec, gpus: Sequence[int], generation: int = 0) -> "Allocation":
+    def for_spec(cls, spec: JobSpec, gpus: Sequence[int], generation: int = 0) -> Allocation:
         """Allocation following the spec's batch/LR rule."""
         global_batch, lr = batch_and_lr(spec, len(gpus))
         return cls(spec.name, tuple(gpus), global_batch, lr, generation)
@@ -295,7 +295,7 @@ class Schedule:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping]) -> "Schedule":
+    def from_dict(cls, data: Mapping[str, Mapping]) -> Schedule:
         return cls(
             {
                 name: Allocation(name, tuple(d["gpus"]), int(d["global_batch"]), float(d.get("lr", 0.0)),

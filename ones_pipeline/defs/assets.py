@@ -10,7 +10,6 @@ No ``from __future__ import annotations``: Dagster resolves Config and resource 
 import json
 import sys
 import time
-from pathlib import Path
 
 import dagster as dg
 
@@ -88,7 +87,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, o
         "experiment": mlflow.experiment, "grace_period_s": env.launcher.grace_period_s, "seed": env.policy.seed,
     }
     step_env = dict(mlflow.step_env())
-    context.log.info(f"{job} generation {config.generation}: {len(config.slot_ids)} {'GPU' if on_gpus else 'CPU slot'}(s) "
+    context.log.info(f"{job} generation {config.generation}: {len(config.slot_ids)} "
+                     f"{'GPU' if on_gpus else 'CPU slot'}(s) "
                      f"{config.slot_ids}, global batch {config.global_batch}, lr {config.lr:.4g}, "
                      f"launcher {env.launcher.kind}")
     if env.launcher.kind == "docker":
@@ -154,7 +154,8 @@ def cluster_report(context: dg.AssetExecutionContext, ones_env: OnesEnvResource)
             samples=_float(meta.get("samples")), restarts=int(_float(meta.get("restarts")) or 0),
             model=str(meta.get("model", ""))))
     spans = [RunSpan(r.job, r.generation, r.slot_ids, r.start_s, r.end_s, r.status) for r in job_run_infos(instance)]
-    inventory = discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus, gpus_per_node=env.cluster.gpus_per_node)
+    inventory = discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus,
+                         gpus_per_node=env.cluster.gpus_per_node)
     report = build_report(finished, spans, inventory.num_slots, env.state_dir / "report")
     md = report.markdown + "\n\n" + png_markdown(report.files["jct_cdf"], "JCT CDF") + "\n\n" + \
         png_markdown(report.files["allocation"], "allocation over time")

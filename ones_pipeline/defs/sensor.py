@@ -25,8 +25,16 @@ import dagster as dg
 
 from ones_pipeline.config import ConfigError, EnvConfig, load_job_specs
 from ones_pipeline.core.types import spec_to_dict
-from ones_pipeline.defs.assets import (JOBS_PARTITIONS, REPORT_ASSET, REPORT_JOB_NAME, TRAIN_JOB_NAME, TRAINING_ASSET,
-                                       job_run_infos, report_job, train_job)
+from ones_pipeline.defs.assets import (
+    JOBS_PARTITIONS,
+    REPORT_ASSET,
+    REPORT_JOB_NAME,
+    TRAIN_JOB_NAME,
+    TRAINING_ASSET,
+    job_run_infos,
+    report_job,
+    train_job,
+)
 from ones_pipeline.defs.resources import MlflowResource, OnesEnvResource
 from ones_pipeline.live import ProgressInfo, plan_tick
 
@@ -127,7 +135,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         "policy": env.policy.name}) for d in plan.decisions]  # the daemon stores these before adding partitions;
     # an observation of a partition created in the same tick still shows once the partition exists
     _append_jsonl(env.state_dir / "decisions.jsonl",
-                  [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)} for d in plan.decisions])
+                  [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)}
+                   for d in plan.decisions])
 
     # The report, once everything submitted has ended.
     active_runs = [r for r in runs if r.in_flight]
@@ -143,7 +152,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                                 "slots": inventory.num_slots, "inventory": inventory.reason}
     skip = None
     if not requests and not plan.cancels:
-        skip = f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, {len(active_runs)} run(s) in flight"
+        skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
+                f"{len(active_runs)} run(s) in flight")
     return dg.SensorResult(run_requests=requests, cursor=json.dumps(plan.cursor),
                            dynamic_partitions_requests=partition_requests, asset_events=events, skip_reason=skip)
 

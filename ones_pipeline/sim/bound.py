@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -128,7 +128,7 @@ def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[flo
         exact = False
     cuts = sorted(cuts)
     time_s = gpu_s = 0.0
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
         if hi <= lo:
             continue
         at = [0.5 * (lo + hi)] if exact else [lo, hi]
@@ -139,9 +139,11 @@ def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[flo
     return time_s, gpu_s
 
 
-def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig = SimConfig(),
+def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig | None = None,
                 batch_grid: int = 24, pieces: int = 200) -> Bound:
-    """The lower bound of the module docstring for ``workload`` on ``cluster`` under ``config``."""
+    """The lower bound of the module docstring for ``workload`` on ``cluster`` under ``config`` (default
+    ``SimConfig()``)."""
+    config = config if config is not None else SimConfig()
     if not workload:
         raise ValueError("workload has no jobs")
     cache: dict[tuple, tuple[float, float]] = {}

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import math
 import time as _time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
-
 
 from ones_pipeline.core.goodput import job_batch
 from ones_pipeline.core.policy import Policy
@@ -356,7 +355,6 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
     epoch_end = getattr(r.truth, "next_epoch_end", None) if (config.whole_second_epochs or adaptive) else None
     total = r.truth.total_progress
     t = anchor = start
-    first = True
     progress0, samples0 = r.progress, r.samples
     while t < end:
         goal = total  # progress at which this piece ends: completion, a rate change or an epoch end

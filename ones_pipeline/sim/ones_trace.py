@@ -57,9 +57,9 @@ import csv
 import functools
 import math
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -222,7 +222,7 @@ def read_ones_trace(path: str | Path) -> list[TraceRow]:
         r = i + 1
         if len(fields) != len(cols):
             raise TraceError(path, f"{len(fields)} fields, expected {len(cols)} ({','.join(cols)})", row=r)
-        rec = dict(zip(cols, fields))
+        rec = dict(zip(cols, fields, strict=False))
         time = _number(path, rec["time"], r, "time")
         if time < 0:
             raise TraceError(path, f"must be >= 0, got {rec['time']!r}", row=r, field="time")
@@ -277,7 +277,7 @@ def read_artifact_profile(path: str | Path) -> dict[int, float]:
     if missing:
         raise TraceError(path, f"missing column(s) {missing}; expected {list(ARTIFACT_COLUMNS)}", field=missing[0])
     out: dict[int, float] = {}
-    for i, (jid, ex) in enumerate(zip(df["id"], df["execution_time"]), start=1):
+    for i, (jid, ex) in enumerate(zip(df["id"], df["execution_time"], strict=False), start=1):
         jid_f, ex_f = _number(path, jid, i, "id"), _number(path, ex, i, "execution_time")
         if jid_f != int(jid_f) or jid_f < 0 or int(jid_f) in out:
             raise TraceError(path, f"bad or repeated job id {jid!r}", row=i, field="id")
@@ -315,7 +315,7 @@ def read_history_runs(history_csv: str | Path, dev_trace: str | Path) -> list[Hi
         df[c] = vals
     ids, epochs = df["id"].to_numpy(), df["epoch"].to_numpy()
     starts = [0] + [i for i in range(1, len(df)) if ids[i] != ids[i - 1] or epochs[i] <= epochs[i - 1]]
-    bounds = list(zip(starts, starts[1:] + [len(df)]))
+    bounds = list(zip(starts, starts[1:] + [len(df)], strict=False))
     by_row: dict[int, list[HistoryRun]] = {}
     for a, b in bounds:
         block = df.iloc[a:b]
@@ -546,7 +546,8 @@ class Catalogue:
         executed = read_artifact_profile(prof)
         rows = read_ones_trace(trace)
         if max(executed) >= len(rows):
-            raise TraceError(prof, f"job id {max(executed)} is not a row of {trace.name} ({len(rows)} rows)", field="id")
+            raise TraceError(prof, f"job id {max(executed)} is not a row of {trace.name} ({len(rows)} rows)",
+                             field="id")
         s = self.restart_cost_s
         wanted = {(rows[i].model, rows[i].task, rows[i].epoch_size) for i in executed}
         times: dict[tuple[str, str, int], list[float]] = {k: [] for k in wanted}
@@ -745,7 +746,7 @@ def standalone_time_s(job: SimJob, num_gpus: int | None = None, gpus_per_node: i
 def catalogue_rows(cat: Catalogue) -> list[dict]:
     """One dict per (type, epoch size): the numbers tabulated in docs/ones_catalogue.md."""
     out = []
-    for key, ct in cat.types.items():
+    for _key, ct in cat.types.items():
         jt = ct.job_type
         for es, c in sorted(ct.curves.items()):
             out.append({
@@ -795,7 +796,7 @@ def _print_sanity(trace: Path, pollux: Path | None, n_jobs: int) -> None:
         print(f"{j.spec.name:28s}{n:5d}{gb:7d}{j.truth.epochs:7d}{j.truth.reference_efficiency:8.3f}"
               f"{gb / step:11.0f}{t:9.0f}")
     times = np.array(times)
-    gpu_s = sum(t * j.spec.requested_gpus for t, j in zip(times, jobs))
+    gpu_s = sum(t * j.spec.requested_gpus for t, j in zip(times, jobs, strict=False))
     print(f"\n{len(jobs)} jobs alone on their requested GPUs: mean {times.mean():.0f} s "
           f"({times.mean() / 3600:.3f} h), median {np.median(times):.0f} s ({np.median(times) / 3600:.3f} h), "
           f"max {times.max():.0f} s; total {gpu_s / 3600:.1f} GPU-h "

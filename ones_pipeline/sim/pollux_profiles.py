@@ -188,7 +188,8 @@ class PolluxModelProfile:
             raise ValueError(f"batch_rule must be one of {', '.join(BATCH_RULES)}, got {batch_rule!r}")
         self.batch_rule = batch_rule
         if placement_lookup not in PLACEMENT_LOOKUPS:
-            raise ValueError(f"placement_lookup must be one of {', '.join(PLACEMENT_LOOKUPS)}, got {placement_lookup!r}")
+            raise ValueError(
+                f"placement_lookup must be one of {', '.join(PLACEMENT_LOOKUPS)}, got {placement_lookup!r}")
         self.placement_lookup = placement_lookup
         folder = Path(traces_dir) / self.model
         self.profile_dir = folder
@@ -340,7 +341,8 @@ class PolluxModelProfile:
         one optimizer step is ``accum + 1`` micro-steps. See ``BATCH_RULES``."""
         n, m = int(num_gpus), int(global_batch)
         if n < 1 or m < 1:
-            raise ValueError(f"{self.model}: num_gpus and global_batch must be >= 1, got {num_gpus!r}, {global_batch!r}")
+            raise ValueError(
+                f"{self.model}: num_gpus and global_batch must be >= 1, got {num_gpus!r}, {global_batch!r}")
         local = -(-m // n)
         if self.batch_rule == "plain":
             accum = max(-(-local // self.max_local_batch) - 1, 0)
@@ -441,7 +443,7 @@ class PolluxModelProfile:
                 f"total_progress={self.total_progress:.4g})")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_cached(traces_dir: str, model: str, restart_cost_s: float, grad_stats: str,
                  batch_rule: str, placement_lookup: str) -> PolluxModelProfile:
     return PolluxModelProfile(traces_dir, model, restart_cost_s, grad_stats=grad_stats, batch_rule=batch_rule,

@@ -6,10 +6,10 @@ import csv
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from ones_pipeline.core.policy import make_policy
 from ones_pipeline.core.types import Cluster

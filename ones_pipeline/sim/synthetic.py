@@ -14,7 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ones_pipeline.core.types import (
-    Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, StopKind, StoppingRule, ThroughputObs,
+    Allocation,
+    Cluster,
+    JobSpec,
+    JobStatus,
+    JobView,
+    Schedule,
+    StopKind,
+    StoppingRule,
+    ThroughputObs,
 )
 from ones_pipeline.sim.truth import SimJob
 

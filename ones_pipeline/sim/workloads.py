@@ -52,7 +52,8 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
     ``dataset_size`` = the profile's samples per epoch, ``per_gpu_batch`` = ceil(batch_size /
     num_replicas), ``requested_gpus`` = num_replicas (the rigid baselines' GPU count),
     ``max_global_batch`` = the largest profiled batch (raised to ``per_gpu_batch * num_replicas`` if that
-    is larger, so a rigid baseline always gets its trace batch), ``min_global_batch`` = M0 (the smallest validated batch: gradient statistics and efficiency are
+    is larger, so a rigid baseline always gets its trace batch), ``min_global_batch`` = M0 (the smallest
+    validated batch: gradient statistics and efficiency are
     relative to it, and no job trains below it), ``min_per_gpu_batch`` = the smallest profiled local
     batch, ``max_per_gpu_batch`` = the largest per-GPU micro-batch
     the ground truth runs without accumulation (``accum_local_batch``: the largest profiled local batch,
@@ -100,7 +101,7 @@ def load_pollux_workload(path: str | Path, traces_dir: str | Path | None = None,
             raise TraceError(path, "blank row", row=i)
         if len(raw) != len(header):
             raise TraceError(path, f"{len(raw)} fields, expected {len(header)} ({allowed})", row=i)
-        rec = dict(zip(header, raw))
+        rec = dict(zip(header, raw, strict=False))
         raw_name = rec["name"].strip()
         name = _slug(raw_name)
         if not name or not JOB_NAME_RE.match(name):

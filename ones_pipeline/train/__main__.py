@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
 from ones_pipeline.train.api import spec_from_json
@@ -72,8 +73,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         stopping = StoppingRule(StopKind.ACCURACY, target_accuracy=args.target_accuracy, patience=args.patience)
     else:
         stopping = StoppingRule(StopKind.EPOCHS, epochs=args.epochs or 1.0)
-    from ones_pipeline.train.data import load_dataset
     from ones_pipeline.train.builtin import resolve_workload
+    from ones_pipeline.train.data import load_dataset
 
     try:
         _, dataset = resolve_workload(args.model)

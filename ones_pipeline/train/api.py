@@ -28,9 +28,10 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +119,7 @@ class Placement:
         }
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Placement":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
         env = os.environ if env is None else env
         missing = [k for k in ("ONES_SPEC", "ONES_STATE_DIR") if not env.get(k)]
         if missing:
@@ -182,7 +183,7 @@ class TrainingSession:
         self._launcher_pid = int(os.environ.get("ONES_LAUNCHER_PID", "0")) or None
 
     @classmethod
-    def from_env(cls, dataset_size: int, **kw) -> "TrainingSession":
+    def from_env(cls, dataset_size: int, **kw) -> TrainingSession:
         return cls(Placement.from_env(), dataset_size, **kw)
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ class TrainingSession:
             return torch.device("cuda", 0 if not self.p.gpus else self.p.rank % max(torch.cuda.device_count(), 1))
         return torch.device("cpu")
 
-    def __enter__(self) -> "TrainingSession":
+    def __enter__(self) -> TrainingSession:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
         if self.p.world_size > 1:
@@ -265,7 +266,8 @@ class TrainingSession:
     # -- LR -----------------------------------------------------------------------------------------
     def current_lr(self) -> float:
         pr = self.progress
-        start, end = pr.lr_from if pr.lr_from is not None else self.p.lr, pr.lr_to if pr.lr_to is not None else self.p.lr
+        start, end = (pr.lr_from if pr.lr_from is not None else self.p.lr,
+                      pr.lr_to if pr.lr_to is not None else self.p.lr)
         span = max(self.dataset_size, 1)
         frac = min(max((pr.samples_done - pr.warmup_start_samples) / span, 0.0), 1.0)
         return float(start + (end - start) * frac)

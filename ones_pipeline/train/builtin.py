@@ -46,7 +46,8 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: t
 
 def main() -> int:
     placement = Placement.from_env()
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {placement.spec.name} rank {placement.rank}: %(message)s")
+    logging.basicConfig(level=logging.WARNING,
+                        format=f"%(asctime)s {placement.spec.name} rank {placement.rank}: %(message)s")
     logging.getLogger("ones_pipeline").setLevel(logging.INFO)
     torch.set_num_threads(1)  # one process per slot: a slot is one core
     model_name, dataset_name = resolve_workload(placement.spec.model)

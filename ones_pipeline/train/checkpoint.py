@@ -23,12 +23,14 @@ naming its key, rather than written into a file that could not be loaded back.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import random
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,10 +114,8 @@ def _fsync_dir(path: Path) -> None:
 
 def _remove_stale_temps(state_dir: Path) -> None:
     for stale in state_dir.glob(f"{_TMP_PREFIX}*{_TMP_SUFFIX}"):
-        try:
+        with contextlib.suppress(OSError):
             stale.unlink()
-        except OSError:
-            pass
 
 
 def save_checkpoint(state_dir: str | os.PathLike, state: Mapping[str, Any]) -> Path:
@@ -138,10 +138,8 @@ def save_checkpoint(state_dir: str | os.PathLike, state: Mapping[str, Any]) -> P
             os.replace(latest, prev)
         os.replace(tmp, latest)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass
         if isinstance(e, Exception):
             e.add_note(f"while writing checkpoint {latest}")
         raise

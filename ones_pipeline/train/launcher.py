@@ -20,9 +20,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ones_pipeline.core.types import JobSpec, lr_for_batch
 from ones_pipeline.train.api import Placement
@@ -73,7 +73,8 @@ def validate(req: LaunchRequest) -> tuple[int, float]:
                           "(the cap from max_lr / base_lr or max_global_batch)")
     if spec.max_per_gpu_batch is not None and -(-batch // req.world_size) > spec.max_per_gpu_batch:
         raise LaunchError(f"job {spec.name}: global_batch {batch} over {req.world_size} processes is "
-                          f"{-(-batch // req.world_size)} per process, above max_per_gpu_batch {spec.max_per_gpu_batch}")
+                          f"{-(-batch // req.world_size)} per process, above max_per_gpu_batch "
+                          f"{spec.max_per_gpu_batch}")
     lr = req.lr if req.lr is not None else lr_for_batch(spec, batch)
     if not lr > 0:
         raise LaunchError(f"job {spec.name}: lr must be > 0, got {lr}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -108,7 +108,7 @@ class ResNet(nn.Module):
         )
         stages = []
         in_planes = 64
-        for planes, n, stride in zip((64, 128, 256, 512), blocks, (1, 2, 2, 2)):
+        for planes, n, stride in zip((64, 128, 256, 512), blocks, (1, 2, 2, 2), strict=False):
             layers = []
             for i in range(n):
                 layers.append(BasicBlock(in_planes, planes, stride if i == 0 else 1))

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ones_pipeline.core.baselines.common import (
     BaselinePolicy,
-    check_bool,
     active_views,
+    check_bool,
     held_gpus,
-    rigid_gpus,
-    workload_batch,
     new_allocation,
+    rigid_gpus,
     submit_order,
+    workload_batch,
 )
 from ones_pipeline.core.placement import keep_or_place
 from ones_pipeline.core.policy import register

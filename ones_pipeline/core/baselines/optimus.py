@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,7 +55,7 @@ class OptimusPolicy(BaselinePolicy):
             return Schedule({})
         counts = self.gpu_counts(cluster, views)
         held = held_gpus(cluster, current, (v.name for v in views))
-        placed = place_counts(cluster, [(v.name, int(c)) for v, c in zip(views, counts)], held)
+        placed = place_counts(cluster, [(v.name, int(c)) for v, c in zip(views, counts, strict=False)], held)
         allocations: dict[str, Allocation] = {}
         for view in views:
             if view.name in placed:

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -176,7 +177,7 @@ class PolluxPolicy(BaselinePolicy):
         self._pop_jobs, self._pop = [v.name for v in views], kept
         return pb.schedule(pop[0], current, self.jobs_tune_batch)
 
-    def _initial_population(self, pb: "_Problem") -> np.ndarray:
+    def _initial_population(self, pb: _Problem) -> np.ndarray:
         """(P0, J, N): the candidates kept from last round for this round's jobs, or the current state.
 
         ``warm_start="positional"`` (the authors' ``_adapt_prev_states``): the rows of the jobs present in
@@ -198,7 +199,7 @@ class PolluxPolicy(BaselinePolicy):
         pop[:, dst] = self._pop[:, src]
         return pop
 
-    def _evolve(self, pb: "_Problem", pop: np.ndarray) -> np.ndarray:
+    def _evolve(self, pb: _Problem, pop: np.ndarray) -> np.ndarray:
         """Run the generations; returns the population sorted best fitness first."""
         rng = self._rng
         P = min(self.population, max(2, self.max_cells // max(pb.J * pb.N, 1)))
@@ -324,7 +325,7 @@ class _Problem:
                 np.add.at(self.base[j], node_of[list(self.held[v.name])], 1)
         self.pinned = np.array([v.spec.model in policy.pinned_models for v in views])
         limit = []
-        for v, pinned in zip(views, self.pinned):
+        for v, pinned in zip(views, self.pinned, strict=False):
             _, top, lo_micro, _ = gp.batch_limits(v.spec)
             seen = max((o.num_gpus for o in v.throughput_obs), default=0)
             cap = min(max(int(policy.max_scale_out * seen), 1), policy.max_replicas, int(top // lo_micro),

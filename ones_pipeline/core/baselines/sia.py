@@ -77,8 +77,9 @@ No random choice is made; the generator of ``BaselinePolicy`` is kept for the co
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +95,7 @@ from ones_pipeline.core.baselines.common import (
     workload_batch,
 )
 from ones_pipeline.core.policy import register
-from ones_pipeline.core.types import Allocation, Cluster, JobStatus, JobView, Schedule
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 ZERO_ALLOC_GAIN = 1e-4  # floor of a normalised goodput (artifact)
 
@@ -452,7 +453,7 @@ def place(cluster: Cluster, cfg_nodes: np.ndarray, widths: np.ndarray, wanted: S
         return out
     out, failed = run(False)  # repack everything, each job preferring its GPUs
     free = ~base
-    for j, (_, slots) in out.items():
+    for _, slots in out.values():
         free[slots] = False
     for j, k in failed:  # only with odd node sizes: the largest smaller configuration that fits
         for k2 in range(k - 1, -1, -1):

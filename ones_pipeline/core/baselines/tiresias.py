@@ -8,7 +8,8 @@ started job's GPUs taken node by node from the node with the most free GPUs.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class TiresiasPolicy(BaselinePolicy):
                              f"{queue_thresholds_gpu_s!r}")
         thresholds = [check_float(self.name, "queue_thresholds_gpu_s[]", t, 0.0, strict_min=True)
                       for t in queue_thresholds_gpu_s]
-        if any(b <= a for a, b in zip(thresholds, thresholds[1:])):
+        if any(b <= a for a, b in zip(thresholds, thresholds[1:], strict=False)):
             raise ValueError(f"{self.name}: queue_thresholds_gpu_s must be strictly increasing, got {thresholds!r}")
         self.queue_thresholds_gpu_s = tuple(thresholds)
         self.starvation_factor = (None if starvation_factor is None else
