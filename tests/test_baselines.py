@@ -27,15 +27,6 @@ from ones_pipeline.core.types import (
 NAMES = ["fifo", "tiresias", "optimus", "pollux"]
 
 
-@pytest.fixture(autouse=True)
-def _baselines_only_registry(monkeypatch):
-    # The registry normally also imports the ONES policy; these tests only need the baselines.
-    def load() -> None:
-        import ones_pipeline.core.baselines  # noqa: F401
-
-    monkeypatch.setattr(policy_mod, "_load_builtins", load)
-
-
 def spec(name, requested=1, per_gpu_batch=32, submit=0.0, model="cifar10", epochs=10.0, **kw) -> JobSpec:
     return JobSpec(name=name, model=model, dataset_size=10_000, per_gpu_batch=per_gpu_batch,
                    requested_gpus=requested, stopping=StoppingRule("epochs", epochs=epochs),

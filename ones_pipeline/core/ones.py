@@ -33,7 +33,6 @@ import numpy as np
 
 from ones_pipeline.core import estimates
 from ones_pipeline.core.placement import place_counts
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
 
 
@@ -94,7 +93,6 @@ def _goodput_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_ef
 # --------------------------------------------------------------------------------------------------
 
 
-@register("ones")
 class OnesPolicy:
     """Improved ONES (default): predicted-mean-JCT fitness over all jobs, goodput, vectorised search.
 
@@ -413,7 +411,6 @@ class _Ctx:
 # --------------------------------------------------------------------------------------------------
 
 
-@register("ones-paper")
 class OnesPaperPolicy:
     """The SC'21 prototype's search: slot encoding, population 16, truncation 16 of 48."""
 

@@ -5,6 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ones_pipeline.core.baselines import (
+    FifoPolicy,
+    OptimusPolicy,
+    PolluxPolicy,
+    SiaPolicy,
+    TiresiasPolicy,
+)
+from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy
 from ones_pipeline.core.types import Cluster, JobView, Schedule
 
 
@@ -25,28 +33,37 @@ class Policy(Protocol):
     def load_state(self, state: Mapping[str, Any]) -> None: ...
 
 
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+# Every built-in policy, by the name users give it. The modules defining them do not import this one, so
+# the mapping is plain data with no import cycle; ``register`` adds a policy of one's own at runtime.
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "ones": OnesPolicy,
+    "ones-paper": OnesPaperPolicy,
+    "fifo": FifoPolicy,
+    "tiresias": TiresiasPolicy,
+    "optimus": OptimusPolicy,
+    "pollux": PolluxPolicy,
+    "sia": SiaPolicy,
+}
 
 
 def register(name: str) -> Callable:
+    """Class decorator adding a policy of one's own to ``POLICIES`` under ``name``."""
     def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
-        _REGISTRY[name] = factory
+        POLICIES[name] = factory
         return factory
 
     return deco
 
 
 def policy_names() -> list[str]:
-    _load_builtins()
-    return list(_REGISTRY)
+    return list(POLICIES)
 
 
 def make_policy(name: str, seed: int = 0, **params: Any) -> Policy:
-    """Build a policy by name (``ones``, ``ones-paper``, ``fifo``, ``tiresias``, ``optimus``, ``pollux``)."""
-    _load_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](seed=seed, **params)
+    """Build a policy by name (a key of ``POLICIES``) with its keyword parameters."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name](seed=seed, **params)
 
 
 def policy_from_dict(state: Mapping[str, Any]) -> Policy:
@@ -54,8 +71,3 @@ def policy_from_dict(state: Mapping[str, Any]) -> Policy:
     policy = make_policy(state["name"], seed=int(state.get("seed", 0)), **dict(state.get("params", {})))
     policy.load_state(state.get("state", {}))
     return policy
-
-
-def _load_builtins() -> None:
-    # Importing the modules registers their policies.
-    from ones_pipeline.core import baselines, ones  # noqa: F401

@@ -1,7 +1,9 @@
-"""Baseline policies: ``fifo``, ``tiresias``, ``optimus`` and ``pollux``; importing registers them.
+"""Baseline policies: ``fifo``, ``tiresias``, ``optimus``, ``pollux`` and ``sia`` (named in
+``core.policy.POLICIES``).
 
-Written from the papers' descriptions, configured as the Pollux authors' simulator configures them
-(see ``shared/traces/pollux/README.md``). Shared helpers live in ``fifo.py``.
+Written from the papers' descriptions (and, for ``pollux`` and ``sia``, from reading their authors'
+simulators), configured as the Pollux authors' simulator configures them (see
+``shared/traces/pollux/README.md``). Shared helpers live in ``common.py``.
 """
 
 from ones_pipeline.core.baselines.fifo import FifoPolicy

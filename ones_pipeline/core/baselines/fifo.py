@@ -18,11 +18,9 @@ from ones_pipeline.core.baselines.common import (
     workload_batch,
 )
 from ones_pipeline.core.placement import keep_or_place
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 
-@register("fifo")
 class FifoPolicy(BaselinePolicy):
     """First come, first served by submit time, non-preemptive, rigid.
 

@@ -23,11 +23,9 @@ from ones_pipeline.core.baselines.common import (
     workload_batch,
 )
 from ones_pipeline.core.placement import place_counts
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 
-@register("optimus")
 class OptimusPolicy(BaselinePolicy):
     """Greedy allocation by marginal reduction of predicted remaining time.
 

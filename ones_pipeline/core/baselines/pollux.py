@@ -57,7 +57,6 @@ from ones_pipeline.core.baselines.common import (
     held_gpus,
     new_allocation,
 )
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 _ZERO_SPEEDUP = 1e-3  # added to every speedup in the power mean (a job with no GPUs counts this much)
@@ -104,7 +103,6 @@ def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, fair_repli
     return table
 
 
-@register("pollux")
 class PolluxPolicy(BaselinePolicy):
     """Pollux as its authors simulate it (see the module docstring)."""
 

@@ -94,7 +94,6 @@ from ones_pipeline.core.baselines.common import (
     new_allocation,
     workload_batch,
 )
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 ZERO_ALLOC_GAIN = 1e-4  # floor of a normalised goodput (artifact)
@@ -163,7 +162,6 @@ def solve_mckp(gains: np.ndarray, widths: np.ndarray, capacity: int) -> tuple[np
 
 
 # ------------------------------------------------------------------------------------------------ policy
-@register("sia")
 class SiaPolicy(BaselinePolicy):
     """Sia on a homogeneous cluster (see the module docstring)."""
 

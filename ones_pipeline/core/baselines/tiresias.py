@@ -24,7 +24,6 @@ from ones_pipeline.core.baselines.common import (
     workload_batch,
 )
 from ones_pipeline.core.placement import place_counts
-from ones_pipeline.core.policy import register
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 DEFAULT_THRESHOLDS_GPU_S = (16 * 3600.0,)  # 2 queues: demoted after 16 GPU-hours
@@ -48,7 +47,6 @@ def _most_free_first(cluster: Cluster, free: np.ndarray, n: int) -> list[int] | 
     return sorted(chosen)
 
 
-@register("tiresias")
 class TiresiasPolicy(BaselinePolicy):
     """2D-LAS with discretised priority queues.
 
