@@ -7,8 +7,10 @@ after every epoch, without a restart). What the policy does each round:
 
 * **Jobs** in the order (attained GPU-seconds, submit time): earlier jobs win conflicts in repair.
 * **Candidates** are job x node matrices of GPU counts, a population of ``population`` (100) evolved for
-  ``generations`` (100) and warm-started from the last round's population (remapped by job name; new
-  jobs start with nothing). The first round starts from the current allocation alone.
+  ``generations`` (100) and warm-started from the last round's Pareto front, remapped as the authors'
+  ``_adapt_prev_states`` does (``warm_start="positional"``: rows of surviving jobs copied in order of
+  appearance, so they may land on other jobs; ``"by_name"``: each job its own row; new jobs start with
+  nothing). The first round starts from the current allocation alone.
 * **Speedup** of job ``j`` on ``k`` nodes and ``r`` GPUs: its goodput at its best batch there divided by
   its goodput at the fair share (1 node, ceil(GPUs / jobs) GPUs), both from the job's own fitted model
   (``core.goodput``: fitted to the configurations it has run on, its measured gradient noise scale). A job
@@ -29,9 +31,11 @@ after every epoch, without a restart). What the policy does each round:
   most its largest batch / smallest micro-batch; ``pinned_models`` (NCF) get one GPU and a fixed batch.
 * **Scale**: a candidate has jobs x nodes cells; where ``population`` candidates would exceed
   ``max_cells`` (20 M) the population shrinks to fit (at least 2), so thousands of GPUs stay in memory.
-* **Survival**: the best ``population`` distinct candidates of parents and children by fitness. (The
-  authors run NSGA-II with cluster utility as a second objective and pick the best fitness on the Pareto
-  front; on a fixed cluster that second objective only shapes diversity.)
+* **Selection and survival** (``selection="nsga2"``, as the authors with pymoo): NSGA-II on two
+  objectives, the fitness and the cluster utility (sum of unpenalised speedups per GPU of the nodes in
+  use): binary tournaments by dominance then crowding distance, survival of the best ``population``
+  distinct candidates by non-dominated rank then crowding; the candidate with the best fitness is
+  applied. ``selection="fitness"``: tournaments and survival by fitness alone.
 
 GPU slots: a job whose row is unchanged keeps its GPUs; a changed job takes, on each node, GPUs it held
 there first, then free ones.
