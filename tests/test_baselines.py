@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from policy_helpers import obs_for, spec
 
 from ones_pipeline.core import policy as policy_mod
 from ones_pipeline.core.baselines import FifoPolicy, OptimusPolicy, PolluxPolicy, TiresiasPolicy
@@ -20,17 +21,10 @@ from ones_pipeline.core.types import (
     JobStatus,
     JobView,
     Schedule,
-    StoppingRule,
     ThroughputObs,
 )
 
 NAMES = ["fifo", "tiresias", "optimus", "pollux"]
-
-
-def spec(name, requested=1, per_gpu_batch=32, submit=0.0, model="cifar10", epochs=10.0, **kw) -> JobSpec:
-    return JobSpec(name=name, model=model, dataset_size=10_000, per_gpu_batch=per_gpu_batch,
-                   requested_gpus=requested, stopping=StoppingRule("epochs", epochs=epochs),
-                   submit_time_s=submit, **kw)
 
 
 def view(s: JobSpec, running=False, **kw) -> JobView:
@@ -45,16 +39,6 @@ def alloc(s: JobSpec, gpus) -> Allocation:
 
 def counts(schedule: Schedule) -> dict[str, int]:
     return {k: a.num_gpus for k, a in schedule.allocations.items()}
-
-
-def obs_for(c0, c1, s0, s1, x0, x1, global_batch, gpn=4):
-    """Exact observations of the step-time model at 1, 2, 4, 8 GPUs splitting ``global_batch``."""
-    out = []
-    for n in (1, 2, 4, 8):
-        k, b = -(-n // gpn), max(1, global_batch // n)
-        sync = (s0 + s1 * (n - 1) if n > 1 else 0.0) + (x0 + x1 * (k - 1) if k > 1 else 0.0)
-        out.append(ThroughputObs(n, k, b, c0 + c1 * b + sync, sync))
-    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -6,41 +6,20 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_helpers import obs_for, spec
 
 from ones_pipeline.core.baselines.sia import SiaPolicy, SiaProblem, configurations, place, solve_mckp
 from ones_pipeline.core.policy import make_policy, policy_from_dict
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
-    JobSpec,
     JobStatus,
     JobView,
     Schedule,
-    StoppingRule,
-    ThroughputObs,
 )
-
-WORKLOAD_6 = Path("/work/shared/traces/pollux/workloads/workload-6.csv")
-
-
-def spec(name, requested=1, per_gpu_batch=32, submit=0.0, model="cifar10", **kw) -> JobSpec:
-    return JobSpec(name=name, model=model, dataset_size=10_000, per_gpu_batch=per_gpu_batch,
-                   requested_gpus=requested, stopping=StoppingRule("epochs", epochs=10.0),
-                   submit_time_s=submit, **kw)
-
-
-def obs_for(c0, c1, s0, s1, x0, x1, batch, gpn=4, counts=(1, 2, 4, 8)):
-    """Exact observations of a compute + sync step-time model at the given GPU counts."""
-    out = []
-    for n in counts:
-        k, b = -(-n // gpn), max(1, batch // n)
-        sync = (s0 + s1 * (n - 1) if n > 1 else 0.0) + (x0 + x1 * (k - 1) if k > 1 else 0.0)
-        out.append(ThroughputObs(n, k, b, c0 + c1 * b + sync, sync))
-    return tuple(out)
 
 
 def random_state(rng: np.random.Generator, cluster: Cluster, num_jobs: int, max_request: int = 8):
@@ -335,13 +314,11 @@ def test_decides_4096_gpus_3000_jobs_in_seconds():
 
 
 def test_short_pollux_workload_simulation_finishes():
-    if not WORKLOAD_6.is_file():
-        print(f"skipped: {WORKLOAD_6} not found (needs the shared Pollux traces)")
-        pytest.skip(f"{WORKLOAD_6} not found (needs the shared Pollux traces)")
     from ones_pipeline.sim.engine import SimConfig, simulate
+    from ones_pipeline.sim.packaged import workload_path
     from ones_pipeline.sim.workloads import load_pollux_workload
 
-    jobs = load_pollux_workload(WORKLOAD_6, max_jobs=30)
+    jobs = load_pollux_workload(workload_path("pollux:workload-6"), max_jobs=30)  # packaged: always present
     res = simulate(jobs, SiaPolicy(), Cluster.uniform(16, 4), SimConfig(interval_s=60.0, restart_cost_s=30.0))
     assert len(res.jobs) == 30 and all(j.finish_s is not None for j in res.jobs)
     assert any(j.max_gpus > 1 for j in res.jobs)  # it scales jobs out
