@@ -20,7 +20,7 @@ import tracemalloc
 
 import numpy as np
 
-from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.policies import make_policy
 from ones_pipeline.sim.runner import ALL_POLICIES
 from ones_pipeline.sim.synthetic import random_scheduler_state
 

@@ -2,33 +2,25 @@
 
     .venv/bin/python benchmarks/fit_progress_model.py [--history PATH] [--trace PATH] [--out PATH] [--check]
 
-Fits the Beta regression of ``ones_pipeline.core.progress`` on the ONES prototype's ``job_history.csv``
-(targets and patience from ``trace_dev.csv``), writes ``ones_pipeline/core/progress_coefficients.json``
-(with the CV figures in its ``meta``) and prints the CV errors of the model and of the naive baseline
-(every job assumed to last the median number of epochs). ``--check`` only compares a refit with the
-shipped file and exits 1 when they differ.
+Fits the Beta regression of ``ones_pipeline.core.progress`` (``ones_pipeline.calibration.progress_fit``) on
+the ONES prototype's ``job_history.csv`` (targets and patience from ``trace_dev.csv``), writes
+``ones_pipeline/core/progress_coefficients.json`` (with the CV figures in its ``meta``) and prints the CV
+errors of the model and of the naive baseline (every job assumed to last the median number of epochs).
+``--check`` only compares a refit with the shipped file and exits 1 when they differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from ones_pipeline.calibration.progress_fit import cross_validate, fit_progress_model, load_history
+from ones_pipeline.core.progress import COEFFICIENTS_PATH, ProgressModel
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from ones_pipeline.core.progress import (  # noqa: E402
-    COEFFICIENTS_PATH,
-    ProgressModel,
-    cross_validate,
-    fit_progress_model,
-    load_history,
-)
-
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "ones_sc21"
 
 

@@ -9,8 +9,8 @@ OUT="${OUT:-$(mktemp -d)}"
 URI="sqlite:///$OUT/mlflow.db"
 "$PY" -m pip install --quiet nvidia-ml-py >/dev/null 2>&1 || true
 
-echo "== ones inventory (ones_pipeline.adapters.gpus.discover)"
-"$PY" -c "from ones_pipeline.adapters.gpus import discover
+echo "== ones inventory (ones_pipeline.adapters.inventory.discover)"
+"$PY" -c "from ones_pipeline.adapters.inventory import discover
 inv = discover()
 print(inv.reason)
 row = '{:>3}  {:<28} {:>10} {:>10} {:>6}  {}'
@@ -40,7 +40,7 @@ for B in 64 128 256; do
     --per-gpu-batch "$B" --base-lr 0.01 --gpus 0 --state-dir "$OUT/r18-$B" --tracking-uri "$URI" >/dev/null 2>&1
   "$PY" - "$URI" "gpu-r18-$B" "$B" <<'PY'
 import sys
-from ones_pipeline.adapters.mlflow_tracker import read_progress
+from ones_pipeline.adapters.mlflow import read_progress
 p = read_progress(sys.argv[1], "ones", [sys.argv[2]])[sys.argv[2]]
 gpu = {k: v for k, v in p.metrics.items() if k.startswith("system_gpu")}
 print(f"batch {sys.argv[3]}: {p.metrics.get('samples_per_s', float('nan')):.0f} samples/s; GPU system metrics: {gpu or 'MISSING'}")
@@ -64,8 +64,8 @@ timeout 240 "$BIN/ones" run --project "$PROJ" --status-every 30 2>&1 | tail -14 
 "$PY" - "$PROJ" <<'PY' || echo "live pipeline check failed"
 import sys
 import dagster as dg
-from ones_pipeline.adapters.mlflow_tracker import read_progress
-from ones_pipeline.defs.assets import job_run_infos
+from ones_pipeline.adapters.mlflow import read_progress
+from ones_pipeline.defs.instance import job_run_infos
 state = sys.argv[1] + "/.ones/state"
 with dg.DagsterInstance.from_config(state + "/dagster") as inst:
     for r in job_run_infos(inst):

@@ -23,13 +23,10 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from mlflow import MlflowClient
+from mlflow.entities import Metric
 
-from mlflow import MlflowClient  # noqa: E402
-from mlflow.entities import Metric  # noqa: E402
-
-from ones_pipeline.adapters.mlflow_tracker import (  # noqa: E402
+from ones_pipeline.adapters.mlflow import (
     HISTORY_KEYS,
     TAG_JOB,
     JobRun,

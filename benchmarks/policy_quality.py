@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.reporting import plot_jct_cdf
 from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.packaged import workload_path
@@ -71,67 +72,44 @@ def _cache_path(label: str, policy: str, seed: int) -> Path:
 
 
 def _plot(label: str, jcts: dict[str, list[float]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, values in jcts.items():
-        v = np.sort(values) / 3600.0
-        ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=f"{name} (mean {np.mean(v):.2f} h)",
-                lw=2 if name == "ones" else 1.3, ls="--" if name.startswith("published") else "-")
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title(f"{label}: JCT CDF")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_jct_cdf(jcts, path, title=f"{label}: JCT CDF", unit="h", log_x=True, highlight="ones",
+                 dashed={name for name in jcts if name.startswith("published")})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,ones50,ones400")
-    parser.add_argument("--policies", default=",".join(p for p in ORDER if p in ALL_POLICIES))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
-    parser.add_argument("--fresh", action="store_true", help="ignore cached simulations")
-    args = parser.parse_args()
-    specs = workloads([w for w in args.workloads.split(",") if w])
-    policies = [p for p in args.policies.split(",") if p]
-    published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}
+def _simulate(specs: dict[str, WorkloadSpec], policies: list[str], seed: int, processes: int,
+              fresh: bool) -> dict[str, dict[str, dict]]:
+    """``{workload: {policy: record}}``: cached records, and the missing simulations run in parallel."""
     CACHE.mkdir(parents=True, exist_ok=True)
-
     records: dict[str, dict[str, dict]] = {label: {} for label in specs}
     tasks = []
     for label, spec in specs.items():
         for p in policies:
-            path = _cache_path(label, p, args.seed)
-            if path.is_file() and not args.fresh:
+            path = _cache_path(label, p, seed)
+            if path.is_file() and not fresh:
                 records[label][p] = json.loads(path.read_text())
             else:
-                tasks.append((label, spec, p, args.seed))
+                tasks.append((label, spec, p, seed))
     started = time.perf_counter()
     if tasks:
         print(f"{len(tasks)} simulations to run ({sum(len(r) for r in records.values())} cached)", file=sys.stderr)
-        with ProcessPoolExecutor(max_workers=args.processes) as pool:
+        with ProcessPoolExecutor(max_workers=processes) as pool:
             futures = [pool.submit(_job, t) for t in tasks]
             for k, fut in enumerate(as_completed(futures), 1):
                 label, policy, record = fut.result()
                 records[label][policy] = record
-                _cache_path(label, policy, args.seed).write_text(json.dumps(record))
+                _cache_path(label, policy, seed).write_text(json.dumps(record))
                 print(f"[{time.perf_counter() - started:6.0f}s] {k}/{len(tasks)} {label} {policy}: mean JCT "
                       f"{record['summary']['mean_jct_s']:.0f} s ({record['wall_s']:.0f} s wall)",
                       file=sys.stderr, flush=True)
+    return records
+
+
+def _jct_table(specs: dict[str, WorkloadSpec], policies: list[str], records: dict[str, dict[str, dict]],
+               published: dict, plots: Path) -> tuple[list[str], list[str], dict[str, dict[str, float]]]:
+    """(markdown lines, text lines, mean JCT per workload and column) of the mean-JCT table; writes the
+    CDF plot of each workload into ``plots``."""
     bounds = {label: lower_bound(spec.load(), Cluster.uniform(16, 4), _config()).mean_jct_s
               for label, spec in specs.items()}
-
-    plots = args.out.parent / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
     cols = ["published Pollux"] + policies + ["bound"]
     lines = ["| workload | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     text = [f"{'workload':<15}" + "".join(f"{c[:14]:>16}" for c in cols)]
@@ -156,6 +134,57 @@ def main() -> None:
         if label in published["jcts"]:
             jcts = {"published Pollux": list(published["jcts"][label].values()), **jcts}
         _plot(label, jcts, plots / f"jct_cdf-{label}.png")
+    return lines, text, means_by
+
+
+def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], rows_restart: list[str],
+              slowest: tuple[float, str, str], labels: list[str]) -> str:
+    doc = [
+        "# Policy quality: mean job completion time",
+        "",
+        f"Generated by `python benchmarks/policy_quality.py` (seed {seed}). Cells: mean JCT in seconds and its",
+        "ratio to the **published Pollux** (the Pollux authors' own simulator, `results-published/pollux-1.0.json`)",
+        "where it exists, else to our `pollux`. Pollux workloads (packaged `pollux:workload-N`, 160 jobs each) on",
+        "16 nodes x 4 GPUs; the ONES trace (first 50 jobs of `trace_1.csv`, as the paper's artifact, and all 400)",
+        "on 64 GPUs, 4 per node. 60 s scheduling rounds, 30 s lost per start, restart or resize. `bound` is a",
+        "lower bound on the mean JCT of any policy (`docs/simulator.md`). Ground truth and assumptions:",
+        "`docs/simulator.md`; how `pollux` reproduces the published numbers: `docs/pollux_fidelity.md`.",
+        "",
+        *([ones_vs, ""] if ones_vs else []),
+        *lines,
+        "",
+        *summary,
+        "Restarts per job:",
+        "",
+        *rows_restart,
+        "",
+        f"Slowest single simulation: {slowest[1]} under {slowest[2]}, {slowest[0]:.0f} s wall on this machine.",
+        "",
+        "## JCT CDFs",
+        "",
+        *[f"![{label}](plots/jct_cdf-{label}.png)" for label in labels],
+        "",
+    ]
+    return "\n".join(doc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,ones50,ones400")
+    parser.add_argument("--policies", default=",".join(p for p in ORDER if p in ALL_POLICIES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
+    parser.add_argument("--fresh", action="store_true", help="ignore cached simulations")
+    args = parser.parse_args()
+    specs = workloads([w for w in args.workloads.split(",") if w])
+    policies = [p for p in args.policies.split(",") if p]
+    published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}
+    records = _simulate(specs, policies, args.seed, args.processes, args.fresh)
+
+    plots = args.out.parent / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    lines, text, means_by = _jct_table(specs, policies, records, published, plots)
     main8 = [label for label in specs if label in published["avgs"]]
     summary = []
     if main8:
@@ -182,33 +211,7 @@ def main() -> None:
         word = "better" if ratio < 1 else "worse"
         ones_vs = (f"Against the published Pollux, `ones` is {abs(1 - ratio) * 100:.1f} % {word} on average over the "
                    f"load-1.0 workloads ({ratio:.3f}x).")
-    doc = [
-        "# Policy quality: mean job completion time",
-        "",
-        f"Generated by `python benchmarks/policy_quality.py` (seed {args.seed}). Cells: mean JCT in seconds and its",
-        "ratio to the **published Pollux** (the Pollux authors' own simulator, `results-published/pollux-1.0.json`)",
-        "where it exists, else to our `pollux`. Pollux workloads (packaged `pollux:workload-N`, 160 jobs each) on",
-        "16 nodes x 4 GPUs; the ONES trace (first 50 jobs of `trace_1.csv`, as the paper's artifact, and all 400)",
-        "on 64 GPUs, 4 per node. 60 s scheduling rounds, 30 s lost per start, restart or resize. `bound` is a",
-        "lower bound on the mean JCT of any policy (`docs/simulator.md`). Ground truth and assumptions:",
-        "`docs/simulator.md`; how `pollux` reproduces the published numbers: `docs/pollux_fidelity.md`.",
-        "",
-        *([ones_vs, ""] if ones_vs else []),
-        *lines,
-        "",
-        *summary,
-        "Restarts per job:",
-        "",
-        *rows_restart,
-        "",
-        f"Slowest single simulation: {slowest[1]} under {slowest[2]}, {slowest[0]:.0f} s wall on this machine.",
-        "",
-        "## JCT CDFs",
-        "",
-        *[f"![{label}](plots/jct_cdf-{label}.png)" for label in specs],
-        "",
-    ]
-    args.out.write_text("\n".join(doc))
+    args.out.write_text(_document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs)))
     print(f"wrote {args.out} and {plots}/")
 
 

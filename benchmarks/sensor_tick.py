@@ -12,7 +12,7 @@
     would: requested runs are created STARTED, runs of changed jobs end CANCELED (not timed).
     Split: the policy's ``decide`` (``last_tick.decide_s`` in the cursor) and the rest (spec files,
     run queries, MLflow read, cursor). Target: under 1 s per tick.
-(b) ``ones_pipeline.live.plan_tick`` alone (no Dagster, no MLflow) on the same inputs, for comparison.
+(b) ``ones_pipeline.scheduler.plan_tick`` alone (no Dagster, no MLflow) on the same inputs, for comparison.
 (c) End-to-end overhead per run launch, from a finished ``ones run``: run created -> run started (queue
     and worker start-up), run started -> its first MLflow metric, the tick's decision -> run created,
     and for a relaunched job the previous run's end -> the new run's start. Run start -> first metric
@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -46,11 +47,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import yaml
 
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_TICK_S = 1.0
 IN_FLIGHT_RUNS = 40  # default of --in-flight
@@ -133,12 +133,12 @@ def populate_instance(instance, runs: list[PastRun], specs) -> None:
 
     from ones_pipeline.core.types import batch_and_lr
     from ones_pipeline.defs.assets import JOBS_PARTITIONS, TRAIN_JOB_NAME
-    from ones_pipeline.live import Launch
+    from ones_pipeline.scheduler import Launch, RunAllocation
 
     instance.add_dynamic_partitions(JOBS_PARTITIONS.name, sorted(specs))
     for r in runs:
         batch, lr = batch_and_lr(specs[r.job], len(r.slot_ids))
-        launch = Launch(r.job, r.generation, r.slot_ids, batch, lr, "ones: start")
+        launch = Launch(RunAllocation.make(specs[r.job], r.slot_ids, "cpu", batch, r.generation, lr=lr), "ones: start")
         run = create_run_for_test(instance, job_name=TRAIN_JOB_NAME, status=DagsterRunStatus.STARTED,
                                   tags={**launch.tags(), "dagster/partition": r.job})
         _run_event(instance, run.run_id, DagsterEventType.RUN_START, r.start_s)
@@ -162,7 +162,7 @@ def populate_mlflow(env, runs: list[PastRun], specs, points: int, each: bool = F
     Returns the seconds it took."""
     from mlflow.entities import Metric
 
-    from ones_pipeline.adapters.mlflow_tracker import MAX_METRICS_PER_BATCH, JobRun, ensure_store
+    from ones_pipeline.adapters.mlflow import MAX_METRICS_PER_BATCH, JobRun, ensure_store
     from ones_pipeline.core.types import batch_and_lr
 
     t0 = time.perf_counter()
@@ -212,7 +212,7 @@ def apply_result(instance, result, env, decisions_seen: int) -> int:
     from dagster._core.events import DagsterEventType
     from dagster._core.test_utils import create_run_for_test
 
-    from ones_pipeline.live import IN_FLIGHT, TAG_JOB, TAG_MANAGED
+    from ones_pipeline.scheduler import IN_FLIGHT, TAG_JOB, TAG_MANAGED
 
     log = env.state_dir / "decisions.jsonl"
     lines = log.read_text().splitlines() if log.exists() else []
@@ -241,12 +241,12 @@ def bench_sensor(defs, instance, env, ticks: int) -> dict:
     cursor, seen = None, 0
     walls, cpus, decides, launches, cancels = [], [], [], [], []
     for _ in range(ticks + 1):
-        context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                          resources=defs.resources)
-        t0, c0 = time.perf_counter(), time.process_time()
-        result = sensor(context)
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
+        with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                     resources=defs.resources) as context:
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = sensor(context)
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
         cursor = result.cursor
         last = json.loads(cursor)["last_tick"]
         decides.append(float(last["decide_s"]))
@@ -262,9 +262,10 @@ def component_times(defs, instance, env, repeats: int) -> dict[str, float]:
     """Median seconds of the tick's I/O steps, each timed on its own on the same (warm) state."""
     import dagster as dg
 
-    from ones_pipeline.adapters.gpus import discover
+    from ones_pipeline.adapters.inventory import inventory_source
     from ones_pipeline.config import load_job_specs
-    from ones_pipeline.defs.assets import JOBS_PARTITIONS, TRAINING_ASSET, job_run_infos
+    from ones_pipeline.defs.assets import JOBS_PARTITIONS
+    from ones_pipeline.defs.instance import TRAINING_ASSET, job_run_infos
 
     mlflow = defs.resources["mlflow"]
     specs, _ = load_job_specs(env.jobs_dir)
@@ -274,7 +275,7 @@ def component_times(defs, instance, env, repeats: int) -> dict[str, float]:
         "run records (job_run_infos)": lambda: job_run_infos(instance),
         "materialized partitions": lambda: instance.get_materialized_partitions(dg.AssetKey(TRAINING_ASSET)),
         "MLflow read_progress": lambda: mlflow.progress(sorted(specs)),
-        "slot inventory (discover)": lambda: discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus),
+        "slot inventory (discover)": lambda: inventory_source(env.cluster).discover(),
     }
     out = {}
     for name, fn in steps.items():
@@ -289,26 +290,25 @@ def component_times(defs, instance, env, repeats: int) -> dict[str, float]:
 
 # -- (b) plan_tick alone ------------------------------------------------------------------------------
 def bench_plan_tick(defs, instance, env, ticks: int) -> dict:
-    from ones_pipeline.adapters.gpus import discover
+    from ones_pipeline.adapters.inventory import inventory_source
     from ones_pipeline.config import load_job_specs
-    from ones_pipeline.defs.assets import job_run_infos
-    from ones_pipeline.defs.sensor import policy_params
-    from ones_pipeline.live import ProgressInfo, plan_tick
+    from ones_pipeline.defs.instance import job_run_infos
+    from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, plan_tick
 
     specs, _ = load_job_specs(env.jobs_dir)
     runs = job_run_infos(instance)
     raw = defs.resources["mlflow"].progress(sorted(specs))
     progress = {j: ProgressInfo(p.samples_done, p.throughput_obs, p.loss_history, p.accuracy_history, p.restarts)
                 for j, p in raw.items()}
-    inventory = discover(cpu_slots=env.cluster.cpu_slots, gpus=env.cluster.gpus)
+    inventory = inventory_source(env.cluster).discover()
+    settings = dataclasses.replace(SchedulerSettings.from_env(env), min_hold_s=0.0)  # as the tick would on old runs
     cursor: dict = {}
     walls, decides = [], []
     for _ in range(ticks + 1):
         t0 = time.perf_counter()
-        plan = plan_tick(now=time.time(), specs=specs, finished=set(), runs=runs, progress=progress,
-                         slot_ids=inventory.slot_ids, cluster=inventory.cluster(), cursor=cursor,
-                         policy_name=env.policy.name, policy_seed=env.policy.seed, policy_params=policy_params(env),
-                         max_retries=env.scheduler.max_retries, retry_backoff_s=env.scheduler.retry_backoff_s)
+        inputs = TickInputs(now=time.time(), specs=specs, finished=frozenset(), runs=runs, progress=progress,
+                            slot_ids=inventory.slot_ids, cluster=inventory.cluster(), cursor=cursor)
+        plan = plan_tick(inputs, settings)
         walls.append(time.perf_counter() - t0)
         decides.append(plan.decide_s)
         cursor = plan.cursor
@@ -350,7 +350,7 @@ def launch_overhead(state_dir: Path) -> dict:
     metric and the previous generation's end. Seconds."""
     import dagster as dg
 
-    from ones_pipeline.live import TAG_GENERATION, TAG_JOB, TAG_MANAGED
+    from ones_pipeline.scheduler.runs import TAG_GENERATION, TAG_JOB, TAG_MANAGED
 
     home = state_dir / "dagster"
     if not (home / "dagster.yaml").exists():

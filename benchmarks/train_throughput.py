@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ones_pipeline.adapters.mlflow_tracker import read_progress
+from ones_pipeline.adapters.mlflow import read_progress
 from ones_pipeline.train.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,6 +27,10 @@ TUNE, HOLD_OUT = {"workload-1", "workload-2", "workload-3", "workload-4"}, {"wor
                                                                               "workload-7", "workload-8"}
 
 
+def _geomean(xs: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
+
+
 def _run(args):
     label, spec, params, seed = args
     res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), seed, params)
@@ -55,9 +59,8 @@ def main() -> None:
     for key, means in table.items():
         tune = [means[lab] for lab in labels if lab in TUNE]
         hold = [means[lab] for lab in labels if lab in HOLD_OUT]
-        geo = lambda xs: float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")  # noqa: E731
         print(f"{key:<60}" + "".join(f"{means[lab]:>14.0f}" for lab in labels)
-              + f"{geo(tune):>10.0f}{geo(hold):>10.0f}")
+              + f"{_geomean(tune):>10.0f}{_geomean(hold):>10.0f}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ def main() -> int:
             loss = torch.nn.functional.cross_entropy(model(x_train[idx]), y_train[idx], reduction="sum") \
                 if len(idx) else sum(p.sum() * 0.0 for p in model.parameters())
             optimizer.zero_grad()
-            (loss * session.loss_scale(len(idx))).backward()
+            (loss * session.loss_scale()).backward()
             optimizer.step()
             session.step_done(loss=float(loss) / max(len(idx), 1))
             if session.epoch_ended and not session.stopped:

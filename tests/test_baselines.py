@@ -11,9 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_helpers import obs_for, spec
 
-from ones_pipeline.core import policy as policy_mod
-from ones_pipeline.core.baselines import FifoPolicy, OptimusPolicy, PolluxPolicy, TiresiasPolicy
-from ones_pipeline.core.policy import make_policy, policy_from_dict
+from ones_pipeline.core import policies as policy_mod
+from ones_pipeline.core.policies import (
+    FifoPolicy,
+    OptimusPolicy,
+    PolluxPolicy,
+    TiresiasPolicy,
+    make_policy,
+    policy_from_dict,
+)
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
@@ -22,6 +28,7 @@ from ones_pipeline.core.types import (
     JobView,
     Schedule,
     ThroughputObs,
+    lr_for_batch,
 )
 
 NAMES = ["fifo", "tiresias", "optimus", "pollux"]
@@ -34,7 +41,8 @@ def view(s: JobSpec, running=False, **kw) -> JobView:
 
 
 def alloc(s: JobSpec, gpus) -> Allocation:
-    return Allocation(s.name, tuple(gpus), s.per_gpu_batch * s.requested_gpus)
+    batch = s.per_gpu_batch * s.requested_gpus
+    return Allocation(s.name, tuple(gpus), batch, lr_for_batch(s, batch))
 
 
 def counts(schedule: Schedule) -> dict[str, int]:
@@ -163,7 +171,7 @@ def test_pollux_jobs_tune_their_batch_larger_when_noise_scale_is_large_and_ncf_i
 def test_pollux_restart_penalty_keeps_young_running_job_and_warm_starts():
     cluster = Cluster.uniform(2, 4)
     s = spec("young", 2, submit=0.0, max_global_batch=32 * 16)
-    current = Schedule({"young": Allocation("young", (0, 1), 64)})
+    current = Schedule({"young": alloc(s, (0, 1))})
     pol = PolluxPolicy()
     # 10 s old and already restarted: any change would zero its speedup, so it keeps its 2 GPUs and batch.
     obs = (ThroughputObs(2, 1, 32, 0.1, 0.01),)
@@ -229,7 +237,7 @@ def random_state(rng: np.random.Generator, cluster: Cluster, num_jobs: int, max_
                           gpn=max(cluster.gpus_per_node))
         if running:
             n = min(req, s.gpu_cap)
-            allocations[s.name] = Allocation(s.name, tuple(int(free.pop()) for _ in range(n)), pgb * req)
+            allocations[s.name] = alloc(s, [int(free.pop()) for _ in range(n)])
         jobs.append(view(s, running=running, status=JobStatus.PAUSED if rng.random() < 0.3 else JobStatus.PENDING,
                          throughput_obs=obs, grad_noise_scale=float(rng.uniform(1, 5000)) if obs else None,
                          attained_gpu_s=float(rng.uniform(0, 1e5)), restarts=int(rng.integers(0, 3)),
@@ -291,7 +299,7 @@ def test_edge_cases(name):
     out.validate(one, {j.name: j.spec for j in jobs})
     assert len(out.allocations) == 1
     # A finished job's stale allocation is dropped; a current allocation outside the cluster is ignored.
-    stale = Schedule({"gone": Allocation("gone", (0,), 8), "j0": Allocation("j0", (0, 5), 96)})
+    stale = Schedule({"gone": Allocation("gone", (0,), 8, 0.1), "j0": Allocation("j0", (0, 5), 96, 0.3)})
     pol.decide(0.0, one, jobs, stale).validate(one)
 
 
@@ -342,7 +350,7 @@ def test_pollux_starts_a_new_job_on_a_free_gpu_of_a_busy_cluster():
         s = spec(f"old-{i}", 2, per_gpu_batch=64, max_global_batch=64 * 8, max_per_gpu_batch=128)
         gpus = (slot, slot + 1)
         slot += 2
-        allocations[s.name] = Allocation(s.name, gpus, 128)
+        allocations[s.name] = alloc(s, gpus)
         views.append(view(s, running=True, max_gpus_seen=2, throughput_obs=obs, grad_noise_scale=1e3,
                           restarts=1, attained_gpu_s=4000.0))
     new = spec("new", 1, submit=3000.0, max_global_batch=32 * 8)
@@ -355,8 +363,8 @@ def test_pollux_starts_a_new_job_on_a_free_gpu_of_a_busy_cluster():
 def test_pollux_mutation_touches_few_jobs():
     cluster = Cluster.uniform(8, 4)
     views = [view(spec(f"j{i}", 1), running=True) for i in range(20)]
-    current = Schedule({f"j{i}": Allocation(f"j{i}", (i,), 32) for i in range(20)})
-    from ones_pipeline.core.baselines.pollux import _Problem
+    current = Schedule({v.name: alloc(v.spec, (i,)) for i, v in enumerate(views)})
+    from ones_pipeline.core.policies.pollux import _Problem
 
     pol = PolluxPolicy()
     pb = _Problem(pol, 1000.0, cluster, views, current)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _srpt, lower_bound
 from ones_pipeline.sim.engine import SimConfig, simulate

@@ -109,13 +109,19 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     assert str(config_path) in out
 
     config = yaml.safe_load(config_path.read_text())
-    coordinator = config["run_coordinator"]
-    assert coordinator["class"] == "QueuedRunCoordinator"
-    limits = coordinator["config"]["tag_concurrency_limits"]
+    runs = config["concurrency"]["runs"]
+    limits = runs["tag_concurrency_limits"]
     assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/gpu-0", "limit": 1},
                                                      {"key": "ones/gpu-1", "limit": 1}]
-    assert coordinator["config"]["max_concurrent_runs"] >= 2
+    assert runs["max_concurrent_runs"] >= 2
     assert config["run_monitoring"]["enabled"] is True
+    import dagster as dg
+
+    with dg.DagsterInstance.from_config(str(config_path.parent)) as instance:  # the queue Dagster builds from it
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue.max_concurrent_runs == runs["max_concurrent_runs"]
+        assert {lim["key"] for lim in queue.tag_concurrency_limits} == {"ones/gpu-0", "ones/gpu-1"}
 
     db = state / "mlflow.db"
     assert db.is_file() and db.read_bytes()[:16] == b"SQLite format 3\x00"
@@ -150,17 +156,21 @@ def test_orphaned_runs_are_released_and_live_ones_kept(tmp_path):
     from dagster._core.storage.dagster_run import DagsterRunStatus
     from dagster._core.test_utils import create_run_for_test
 
-    from ones_pipeline.live import Launch
-    from ones_pipeline.live_cli import release_orphaned_runs
+    from ones_pipeline.cli.supervise import process_cmdlines
+    from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+    from ones_pipeline.defs.instance import release_orphaned_runs
+    from ones_pipeline.scheduler import Launch, RunAllocation
 
-    tags = {**Launch("job-a", 0, (0,), 32, 0.05, "start").tags(), "dagster/partition": "job-a"}
+    spec = JobSpec(name="job-a", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=1))
+    tags = {**Launch(RunAllocation.make(spec, (0,), "cpu", 32, 0), "start").tags(), "dagster/partition": "job-a"}
     with dg.instance_for_test() as instance:
         dead = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=tags)
         alive = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=tags)
         other = create_run_for_test(instance, job_name="report_job", status=DagsterRunStatus.STARTED)
         worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", alive.run_id])
         try:
-            assert release_orphaned_runs(instance) == [dead.run_id]
+            assert release_orphaned_runs(instance, process_cmdlines()) == [dead.run_id]
         finally:
             worker.kill()
         assert instance.get_run_by_id(dead.run_id).status == DagsterRunStatus.CANCELED

@@ -22,7 +22,7 @@ from ones_pipeline.config import (
     parse_env,
     parse_job_spec,
 )
-from ones_pipeline.core.policy import policy_names
+from ones_pipeline.core.policies import policy_names
 from ones_pipeline.core.types import StopKind
 
 REPO = Path(__file__).resolve().parents[1]

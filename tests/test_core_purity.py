@@ -32,7 +32,7 @@ def test_core_sources_import_only_numpy_and_stdlib():
 def test_running_every_policy_loads_no_forbidden_module():
     code = (
         "import sys\n"
-        "from ones_pipeline.core.policy import make_policy, policy_names\n"
+        "from ones_pipeline.core.policies import make_policy, policy_names\n"
         "from ones_pipeline.core.types import *\n"
         "spec = JobSpec(name='a', model='m', dataset_size=100, per_gpu_batch=8, requested_gpus=2)\n"
         "view = JobView(spec=spec, status=JobStatus.PENDING, submit_time_s=0.0)\n"

@@ -16,8 +16,11 @@ from dagster._core.storage.dagster_run import DagsterRunStatus  # noqa: E402
 from dagster._core.test_utils import create_run_for_test  # noqa: E402
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin  # noqa: E402
 
+from ones_pipeline.config import load_job_spec  # noqa: E402
 from ones_pipeline.definitions import build_definitions  # noqa: E402
-from ones_pipeline.live import Launch  # noqa: E402
+from ones_pipeline.defs.assets import training_job  # noqa: E402
+from ones_pipeline.defs.launchers import InMemoryLauncher  # noqa: E402
+from ones_pipeline.scheduler import Launch, RunAllocation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUED_COORDINATOR = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}}
@@ -46,8 +49,8 @@ def instance():
 def tick(project, instance, cursor=None):
     defs = build_definitions(str(project))
     sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
-    return sensor(ctx)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources) as ctx:
+        return sensor(ctx)
 
 
 ORIGIN = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
@@ -73,8 +76,18 @@ def apply(instance, result):
     return runs
 
 
+def allocation_of(rr) -> RunAllocation:
+    return RunAllocation.from_json(rr.run_config["ops"]["training_job"]["config"]["allocation"])
+
+
 def slots_of(rr):
-    return rr.run_config["ops"]["training_job"]["config"]["slot_ids"]
+    return list(allocation_of(rr).slot_ids)
+
+
+def launch_tags(project, job, generation, slots, batch, reason="start"):
+    spec = load_job_spec(project / "assets" / "jobs" / f"{job}.yaml")
+    launch = Launch(RunAllocation.make(spec, slots, "cpu", batch, generation), reason)
+    return {**launch.tags(), "dagster/partition": job}
 
 
 def test_definitions_load_and_validate(project):
@@ -101,8 +114,8 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
         slots = slots_of(rr)
         assert rr.tags["ones/gpus"] == ",".join(map(str, slots))
         assert {k for k in rr.tags if k.startswith("ones/gpu-")} == {f"ones/gpu-{s}" for s in slots}
-        cfg = rr.run_config["ops"]["training_job"]["config"]
-        assert json.loads(cfg["spec_json"])["name"] == rr.partition_key and cfg["global_batch"] >= 1
+        alloc = allocation_of(rr)
+        assert alloc.job == rr.partition_key and alloc.global_batch >= 1 and alloc.lr > 0 and alloc.device == "cpu"
         held += slots
     assert len(held) == len(set(held)) and set(held) <= {0, 1}
     cursor = json.loads(result.cursor)
@@ -131,8 +144,7 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     instance.add_dynamic_partitions("training_jobs", ["job-a"])
     (project / "assets" / "jobs" / "job-b.yaml").unlink()
     # job-a runs on both slots (generation 0).
-    launch = Launch("job-a", 0, (0, 1), 64, 0.1, "start")
-    run = queued_run(instance, {**launch.tags(), "dagster/partition": "job-a"})
+    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
     first = tick(project, instance)
     # Its spec changes (a longer budget): the run is cancelled and generation 1 requested.
     (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 12"))
@@ -140,7 +152,7 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
     (rr,) = [rr for rr in second.run_requests if rr.job_name == "train_job"]
     assert rr.run_key == "job-a-g1" and rr.tags["ones/previous-gpus"] == "0,1"
-    assert json.loads(rr.run_config["ops"]["training_job"]["config"]["spec_json"])["stopping"]["epochs"] == 12
+    assert allocation_of(rr).spec.stopping.epochs == 12
     decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
     assert (decisions[-1]["job"] == "job-a" and decisions[-1]["before"] == [0, 1]
             and "spec changed" in decisions[-1]["reason"])
@@ -154,8 +166,7 @@ def test_a_new_job_on_a_full_cluster_makes_room_by_preemption_or_shrink(project,
     running, so it takes a slot from job-a (cancel + a smaller generation 1) rather than queue job-b."""
     (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 2000"))
     instance.add_dynamic_partitions("training_jobs", ["job-a", "job-b"])
-    launch = Launch("job-a", 0, (0, 1), 64, 0.1, "start")
-    run = queued_run(instance, {**launch.tags(), "dagster/partition": "job-a"})
+    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
     result = tick(project, instance)
     started = {rr.partition_key: slots_of(rr) for rr in result.run_requests if rr.job_name == "train_job"}
     assert "job-b" in started
@@ -184,11 +195,62 @@ def test_failed_runs_are_retried_with_backoff_then_the_job_is_marked_failed(proj
         "cluster: {gpus: none, cpu_slots: 2}\nscheduler: {tick_interval_s: 5, decision_budget_s: 0.3, "
         "max_retries: 1, retry_backoff_s: 3600}\n")
     create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.FAILURE,
-                        tags={**Launch("job-a", 0, (0,), 32, 0.05, "start").tags(), "dagster/partition": "job-a"})
+                        tags=launch_tags(project, "job-a", 0, (0,), 32))
     backing_off = tick(project, instance)
     assert not backing_off.run_requests  # within the backoff window
     create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.FAILURE,
-                        tags={**Launch("job-a", 1, (0,), 32, 0.05, "retry").tags(), "dagster/partition": "job-a"})
+                        tags=launch_tags(project, "job-a", 1, (0,), 32, "retry"))
     failed = tick(project, instance, backing_off.cursor)
     assert "job-a" in json.loads(failed.cursor)["failed"]
     assert "job-a" in json.loads((project / ".ones/state/failed_jobs.json").read_text())
+
+
+def test_tick_then_materialize_a_partition_in_process_with_the_in_memory_launcher(project, instance):
+    """Dagster's cheap end-to-end path: the sensor's tick (build_sensor_context) plans a run, and
+    ``dg.materialize`` runs ``training_job`` for that partition with its run config and the in-memory
+    launcher (no daemon, no webserver, no training process); the materialization carries the allocation."""
+    defs = build_definitions(str(project), launcher=InMemoryLauncher)
+    sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
+    with dg.build_sensor_context(instance=instance, definitions=defs, resources=defs.resources) as ctx:
+        result = sensor(ctx)
+    for req in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    rr = next(rr for rr in result.run_requests if rr.job_name == "train_job")
+    alloc = allocation_of(rr)
+    done = dg.materialize([training_job], partition_key=rr.partition_key, instance=instance, run_config=rr.run_config,
+                          resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+    assert done.success
+    meta = instance.get_latest_materialization_event(dg.AssetKey("training_job")).asset_materialization.metadata
+    assert meta["global_batch"].value == alloc.global_batch
+    assert meta["slots"].value == ",".join(map(str, alloc.slot_ids))
+    assert meta["accuracy"].value == 0.9 and meta["model"].value == alloc.spec.model
+    assert (project / ".ones/state/jobs" / rr.partition_key).is_dir()  # the launcher's state directory
+    assert rr.partition_key in instance.get_materialized_partitions(dg.AssetKey("training_job"))
+    # The next tick sees the job finished and does not start it again.
+    with dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs,
+                                 resources=defs.resources) as ctx:
+        later = sensor(ctx)
+    assert rr.partition_key not in {r.partition_key for r in later.run_requests}
+
+
+def test_a_step_that_stops_without_finishing_fails_the_run_with_the_reason(project, instance):
+    from functools import partial
+
+    defs = build_definitions(str(project), launcher=partial(InMemoryLauncher, outcome="stop"))
+    spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    config = {"ops": {"training_job": {"config": {
+        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 0).to_json()}}}}
+    done = dg.materialize([training_job], partition_key="job-a", instance=instance,
+                          run_config=config, raise_on_error=False,
+                          resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+    assert not done.success
+    failure = next(e for e in done.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "ended without finishing the job" in failure.step_failure_data.error.message
+    bad = {"ops": {"training_job": {"config": {"allocation": config["ops"]["training_job"]["config"]["allocation"]
+                                               .replace('"lr": 0.05', '"lr": 0.0')}}}}
+    done = dg.materialize([training_job], partition_key="job-a", instance=instance,
+                          run_config=bad, raise_on_error=False,
+                          resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+    failure = next(e for e in done.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "bad allocation in the run config" in failure.step_failure_data.error.message

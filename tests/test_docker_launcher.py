@@ -45,8 +45,8 @@ from ones_pipeline.adapters.docker_containers import (  # noqa: E402
 )
 from ones_pipeline.config import DockerConfig  # noqa: E402
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule  # noqa: E402
-from ones_pipeline.defs.docker_launcher import run_docker_step  # noqa: E402
-from ones_pipeline.train.api import spec_to_json  # noqa: E402
+from ones_pipeline.defs.docker_step import run_docker_step  # noqa: E402
+from ones_pipeline.scheduler import RunAllocation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "ones-shim:local"
@@ -236,7 +236,7 @@ def fake_docker(monkeypatch):
 @pytest.fixture(scope="module")
 def mlflow_template(tmp_path_factory):
     """An MLflow sqlite store with its schema and experiment, copied per test (creating one takes seconds)."""
-    from ones_pipeline.adapters.mlflow_tracker import ensure_store
+    from ones_pipeline.adapters.mlflow import ensure_store
 
     path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
     ensure_store(f"sqlite:///{path}", "ones")
@@ -252,17 +252,18 @@ def workdir(tmp_path, mlflow_template):
 def tiny_extras(workdir: Path, job: str, epochs: float = 1) -> dict:
     spec = JobSpec(name=job, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
                    stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
-    return {"spec": json.loads(spec_to_json(spec)), "slots": 1, "gpus": [], "global_batch": 32, "lr": 0.05,
-            "generation": 0, "state_dir": str(workdir / "state"), "tracking_uri": f"sqlite:///{workdir}/mlflow.db",
-            "experiment": "ones"}
+    return {"allocation": RunAllocation.make(spec, (0,), "cpu", 32, 0).to_json(), "state_dir": str(workdir / "state"),
+            "tracking_uri": f"sqlite:///{workdir}/mlflow.db", "experiment": "ones"}
 
 
-def materialize_job(cfg, job, extras, workdir, gpus=(), env=None, raise_on_error=True):
+def materialize_job(cfg, job, extras, workdir, gpus=(), env=None, raise_on_error=True, generation=None):
     state_dir = Path(extras["state_dir"])
+    if generation is None:
+        generation = RunAllocation.from_json(extras["allocation"]).generation
 
     @dg.asset(partitions_def=JOBS, name="training_job")
     def training_job(context: dg.AssetExecutionContext):
-        invocation = run_docker_step(context, cfg, context.partition_key, extras["generation"], list(gpus),
+        invocation = run_docker_step(context, cfg, context.partition_key, generation, list(gpus),
                                      extras, dict(env or {}), state_dir, [workdir])
         return invocation.get_materialize_result()
 
@@ -339,8 +340,8 @@ def test_docker_available_false_without_engine(tmp_path, monkeypatch):
 def test_no_engine_fails_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")  # the real SDK, nothing listening
     job = "no-engine"
-    extras = {"generation": 2, "state_dir": str(tmp_path / "state")}
-    result, _ = materialize_job(DockerConfig(image=IMAGE), job, extras, tmp_path, raise_on_error=False)
+    extras = {"state_dir": str(tmp_path / "state")}
+    result, _ = materialize_job(DockerConfig(image=IMAGE), job, extras, tmp_path, raise_on_error=False, generation=2)
 
     assert not result.success
     message = step_error(result)

@@ -85,7 +85,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
                 assert time.monotonic() < deadline, "webserver not up in 90 s"
                 time.sleep(1)
         # Submit the jobs the way users do; the sensor picks them up.
-        from ones_pipeline.adapters.mlflow_tracker import read_progress
+        from ones_pipeline.adapters.mlflow import read_progress
 
         uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
         for name, text in JOBS.items():

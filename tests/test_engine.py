@@ -3,8 +3,8 @@ shows policies only what a live job would report."""
 
 import pytest
 
-from ones_pipeline.core.policy import make_policy
-from ones_pipeline.core.types import Allocation, Cluster, Schedule
+from ones_pipeline.core.policies import make_policy
+from ones_pipeline.core.types import Allocation, Cluster, Schedule, lr_for_batch
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.runner import WorkloadSpec
 from ones_pipeline.sim.synthetic import synthetic_job
@@ -14,7 +14,7 @@ class _DoubleBooker:
     name = "double-booker"
 
     def decide(self, now_s, cluster, jobs, current):
-        return Schedule({j.name: Allocation(j.name, (0,), 32) for j in jobs})
+        return Schedule({j.name: Allocation(j.name, (0,), 32, lr_for_batch(j.spec, 32)) for j in jobs})
 
     def to_dict(self):
         return {}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ones_pipeline.core import goodput as gp
-from ones_pipeline.core.types import Allocation, Cluster, JobSpec, Schedule, StoppingRule, ThroughputObs
+from ones_pipeline.core.types import Allocation, Cluster, JobSpec, Schedule, StoppingRule, ThroughputObs, lr_for_batch
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.workloads import load_pollux_workload
@@ -102,7 +102,8 @@ class _FixedTuned:
         for v in jobs:
             old = current.allocations.get(v.name)
             self.seen.append(old.global_batch if old else None)
-            out[v.name] = old or Allocation(v.name, (0, 1), 2 * v.spec.per_gpu_batch, batch_tuned_by_job=True)
+            out[v.name] = old or Allocation(v.name, (0, 1), 2 * v.spec.per_gpu_batch,
+                                           lr_for_batch(v.spec, 2 * v.spec.per_gpu_batch), batch_tuned_by_job=True)
         return Schedule(out)
 
     def to_dict(self):

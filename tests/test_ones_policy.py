@@ -1,9 +1,13 @@
 """Behaviour specific to the ONES policies and their placement."""
 
-import numpy as np
+import dataclasses
+import json
 
-from ones_pipeline.core.ones import OnesPaperPolicy, OnesPolicy
+import numpy as np
+import pytest
+
 from ones_pipeline.core.placement import place_counts
+from ones_pipeline.core.policies import OnesPaperParams, OnesPaperPolicy, OnesParams, OnesPolicy, policy_from_dict
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
@@ -62,8 +66,8 @@ def test_batch_follows_the_lr_rule_in_the_paper_policy():
 
 def test_placement_moves_as_few_running_jobs_as_possible():
     cluster = Cluster.uniform(2, 4)
-    current = Schedule({"a": Allocation("a", (0, 1), 64), "b": Allocation("b", (4, 5, 6, 7), 128),
-                        "c": Allocation("c", (2, 3), 64)})
+    current = Schedule({"a": Allocation("a", (0, 1), 64, 0.2), "b": Allocation("b", (4, 5, 6, 7), 128, 0.4),
+                        "c": Allocation("c", (2, 3), 64, 0.2)})
     held = {name: current.gpus_of(name) for name in "abcd"}
     out = place_counts(cluster, [("a", 2), ("b", 2), ("c", 3), ("d", 1)], held)
     assert out["a"] == (0, 1)  # unchanged count: same GPUs
@@ -83,3 +87,50 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     schedule = OnesPaperPolicy(seed=0).decide(200.0, cluster, [big, new], current)
     assert schedule.allocations["new"].num_gpus >= 1
     assert schedule.allocations["big"].num_gpus <= 2
+
+
+@pytest.mark.parametrize("cls,field,value,match", [
+    (OnesParams, "population", 1, "ones: population must be an integer >= 2, got 1"),
+    (OnesParams, "generations", -1, "ones: generations must be an integer >= 0"),
+    (OnesParams, "time_budget_s", 0, "ones: time_budget_s must be a finite number > 0.0"),
+    (OnesParams, "crossover_p", 1.5, r"ones: crossover_p must be a finite number >= 0.0 and <= 1.0, got 1.5"),
+    (OnesParams, "resize_p", -0.1, "ones: resize_p must be a finite number >= 0.0 and <= 1.0"),
+    (OnesParams, "restart_cost_s", float("nan"), "ones: restart_cost_s must be a finite number >= 0.0"),
+    (OnesParams, "horizon_s", 0.0, "ones: horizon_s must be a finite number > 0.0"),
+    (OnesParams, "gpu_time_weight", -1, "ones: gpu_time_weight must be a finite number >= 0.0"),
+    (OnesParams, "batch_factors", [], "ones: batch_factors must be a non-empty list"),
+    (OnesParams, "batch_factors", [1.0, 0.0], r"ones: batch_factors\[\] must be a finite number > 0.0"),
+    (OnesParams, "use_efficiency", "yes", "ones: use_efficiency must be true or false"),
+    (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
+    (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
+    (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
+])
+def test_ones_parameters_are_checked_in_one_place(cls, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**{field: value})
+    policy = OnesPolicy if cls is OnesParams else OnesPaperPolicy
+    with pytest.raises(ValueError, match=match):  # the policy's keywords go through the same checks
+        policy(seed=0, **{field: value})
+
+
+@pytest.mark.parametrize("policy,params", [
+    (OnesPolicy, {"population": 8, "time_budget_s": 0.5, "batch_factors": [1, 4], "restart_cost_s": 10}),
+    (OnesPaperPolicy, {"children": 8, "max_scale": 2}),
+])
+def test_ones_parameters_round_trip(policy, params):
+    pol = policy(seed=3, **params)
+    saved = pol.to_dict()
+    assert saved["params"] == pol.config.to_dict() and set(params) <= set(saved["params"])
+    assert type(pol.config).from_dict(saved["params"]) == pol.config
+    again = policy_from_dict(json.loads(json.dumps(saved)))
+    assert type(again) is policy and again.config == pol.config and again.seed == 3
+    with pytest.raises(TypeError, match="unknown parameter"):
+        policy(seed=0, no_such_parameter=1)
+
+
+def test_ones_params_are_frozen_and_normalised():
+    p = OnesParams(batch_factors=[1, 2], restart_cost_s=10)
+    assert p.batch_factors == (1.0, 2.0) and p.restart_cost_s == 10.0
+    assert p.to_dict()["batch_factors"] == [1.0, 2.0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.population = 3  # type: ignore[misc]

@@ -10,16 +10,11 @@ import pandas as pd
 import pytest
 
 from ones_pipeline.core.types import JOB_NAME_RE, StopKind, batch_and_lr
-from ones_pipeline.sim.ones_trace import (
-    JOB_TYPES,
-    MIN_DELTA,
-    TRACE_COLUMNS,
-    catalogue,
-    load_ones_trace,
-    read_ones_trace,
-    standalone_time_s,
-    stopping_epoch,
-)
+from ones_pipeline.sim.ones_catalogue import catalogue
+from ones_pipeline.sim.ones_job_types import JOB_TYPES
+from ones_pipeline.sim.ones_trace import load_ones_trace
+from ones_pipeline.sim.ones_trace_reader import TRACE_COLUMNS, read_ones_trace
+from ones_pipeline.sim.ones_truth import MIN_DELTA, standalone_time_s, stopping_epoch
 from ones_pipeline.sim.pollux_profiles import consolidated_placement
 from ones_pipeline.sim.truth import TraceError
 
@@ -230,7 +225,7 @@ def test_history_elsewhere_is_reported(tmp_path):
 def test_speed_factor_divides_the_whole_step(jobs):
     from dataclasses import replace
 
-    from ones_pipeline.sim.ones_trace import OnesJobTruth
+    from ones_pipeline.sim.ones_truth import OnesJobTruth
 
     cat = catalogue(ONES, POLLUX)
     row = read_ones_trace(TRACE)[5]
@@ -284,7 +279,7 @@ needs_artifact = pytest.mark.skipif(not ARTIFACT.is_file(), reason=f"artifact pr
 @needs_artifact
 def test_every_type_has_an_artifact_speed_and_it_is_a_median_fit():
     """Per type: median over its artifact jobs of (calibrated model median - S) / (artifact - S) is 1."""
-    from ones_pipeline.sim.ones_trace import read_artifact_profile
+    from ones_pipeline.sim.ones_history import read_artifact_profile
 
     cat = catalogue(ONES, POLLUX)
     executed = read_artifact_profile(ARTIFACT)

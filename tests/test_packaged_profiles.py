@@ -12,7 +12,8 @@ import pytest
 
 from ones_pipeline.cli import main
 from ones_pipeline.sim import packaged
-from ones_pipeline.sim.ones_trace import catalogue, load_ones_trace
+from ones_pipeline.sim.ones_catalogue import catalogue
+from ones_pipeline.sim.ones_trace import load_ones_trace
 from ones_pipeline.sim.runner import detect_workload
 from ones_pipeline.sim.truth import TraceError
 from ones_pipeline.sim.workloads import load_pollux_workload

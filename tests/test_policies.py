@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ones_pipeline.core.policy import POLICIES as REGISTERED
-from ones_pipeline.core.policy import make_policy, policy_from_dict, policy_names
+from ones_pipeline.core.policies import POLICIES as REGISTERED
+from ones_pipeline.core.policies import make_policy, policy_from_dict, policy_names
 from ones_pipeline.sim.synthetic import random_scheduler_state as random_state
 
 POLICIES = list(REGISTERED)  # every policy is property-tested, a new one included automatically

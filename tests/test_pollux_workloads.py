@@ -137,7 +137,7 @@ def test_missing_and_empty_files(tmp_path):
         load_pollux_workload(tmp_path / "nope.csv", traces_dir=TRACES)
     with pytest.raises(TraceError, match=r"empty\.csv.*empty file"):
         load_pollux_workload(_write(tmp_path, "", name="empty.csv"), traces_dir=TRACES)
-    with pytest.raises(TraceError, match=r"header\.csv.*no job rows"):
+    with pytest.raises(TraceError, match=r"header\.csv.*no data rows \(the file has only a header\)"):
         load_pollux_workload(_write(tmp_path, HEADER, name="header.csv"), traces_dir=TRACES)
 
 

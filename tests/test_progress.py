@@ -1,4 +1,5 @@
-"""Remaining-work predictor: exact rules, the shipped Beta regression and its fit on the real history."""
+"""Remaining-work predictor: exact rules, the shipped Beta regression (core.progress) and its offline fit
+(calibration.progress_fit) on the real history."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ones_pipeline.calibration import progress_fit as F
 from ones_pipeline.core import progress as P
 from ones_pipeline.core.types import JobSpec, JobStatus, JobView, StopKind, StoppingRule
 
@@ -28,7 +30,7 @@ def _view(spec: JobSpec, samples: float = 0.0, progress: float | None = None, ac
                    accuracy_history=tuple(accs), loss_history=tuple(losses), initial_loss=initial_loss)
 
 
-def _history_view(job: P.HistoryJob, k: int) -> JobView:
+def _history_view(job: F.HistoryJob, k: int) -> JobView:
     """The view a scheduler would have of history job ``job`` after its evaluation ``k`` (0-based)."""
     spec = _spec(StoppingRule(StopKind.ACCURACY, target_accuracy=job.target, patience=job.patience),
                  job.epoch_size)
@@ -50,12 +52,12 @@ def test_epoch_and_sample_rules_are_exact():
 # ----------------------------------------------------------------------------- numerics
 def test_special_functions_match_stdlib_and_identities():
     x = np.array([1e-3, 0.1, 0.5, 1.0, 2.5, 7.9, 8.0, 30.0, 1e4])
-    assert np.allclose(P.lgamma(x), [math.lgamma(v) for v in x], rtol=1e-11, atol=1e-11)
-    assert P.digamma(np.array([1.0]))[0] == pytest.approx(-0.5772156649015329, abs=1e-12)
-    assert P.trigamma(np.array([1.0]))[0] == pytest.approx(math.pi**2 / 6, abs=1e-11)
+    assert np.allclose(F.lgamma(x), [math.lgamma(v) for v in x], rtol=1e-11, atol=1e-11)
+    assert F.digamma(np.array([1.0]))[0] == pytest.approx(-0.5772156649015329, abs=1e-12)
+    assert F.trigamma(np.array([1.0]))[0] == pytest.approx(math.pi**2 / 6, abs=1e-11)
     # psi(x + 1) = psi(x) + 1/x, psi'(x + 1) = psi'(x) - 1/x^2
-    assert np.allclose(P.digamma(x + 1), P.digamma(x) + 1 / x, rtol=1e-10)
-    assert np.allclose(P.trigamma(x + 1), P.trigamma(x) - 1 / x**2, rtol=1e-9)
+    assert np.allclose(F.digamma(x + 1), F.digamma(x) + 1 / x, rtol=1e-10)
+    assert np.allclose(F.trigamma(x + 1), F.trigamma(x) - 1 / x**2, rtol=1e-9)
 
 
 def test_beta_regression_recovers_known_coefficients():
@@ -65,10 +67,10 @@ def test_beta_regression_recovers_known_coefficients():
     beta, phi = np.array([-0.5, 0.8, -1.2]), 30.0
     mu = 1 / (1 + np.exp(-(x @ beta)))
     y = rng.beta(mu * phi, (1 - mu) * phi)
-    b_hat, phi_hat = P.fit_beta_regression(x, y)
+    b_hat, phi_hat = F.fit_beta_regression(x, y)
     assert np.allclose(b_hat, beta, atol=0.05)
     assert phi_hat == pytest.approx(phi, rel=0.1)
-    b2, phi2 = P.fit_beta_regression(x, y)  # deterministic
+    b2, phi2 = F.fit_beta_regression(x, y)  # deterministic
     assert np.array_equal(b_hat, b2) and phi_hat == phi2
 
 
@@ -118,10 +120,10 @@ def test_convergence_counter_follows_the_ones_rule():
 
 # ----------------------------------------------------------------------------- on the real history
 @pytest.fixture(scope="module")
-def history() -> list[P.HistoryJob]:
+def history() -> list[F.HistoryJob]:
     if not HISTORY.is_file():
         pytest.skip(f"ONES history not found at {HISTORY}")
-    return P.load_history(HISTORY)
+    return F.load_history(HISTORY)
 
 
 def test_history_parses_into_jobs_with_targets(history):
@@ -137,7 +139,7 @@ def test_history_parses_into_jobs_with_targets(history):
 @needs_history
 def test_shipped_json_matches_a_refit_from_the_csv():
     shipped = P.ProgressModel.load(P.COEFFICIENTS_PATH)
-    refit = P.fit_progress_model(HISTORY)
+    refit = F.fit_progress_model(HISTORY)
     assert np.allclose(shipped.coef, refit.coef, rtol=1e-6, atol=1e-9)
     assert shipped.phi == pytest.approx(refit.phi, rel=1e-6)
     assert shipped.prior_epochs_per_patience == refit.prior_epochs_per_patience
@@ -156,7 +158,7 @@ def test_fraction_in_unit_interval(history):
 @pytest.mark.parametrize("key", ["3", "14", "8"])
 def test_remaining_decreases_as_a_held_out_job_trains(history, key):
     held = next(j for j in history if j.key == key)
-    model = P.fit_jobs([j for j in history if j.key != key])
+    model = F.fit_jobs([j for j in history if j.key != key])
     rem = np.array([model.remaining(_history_view(held, k)) for k in range(len(held.samples))])
     assert np.all(np.isfinite(rem)) and np.all(rem > 0)
     n = len(rem)
@@ -169,6 +171,6 @@ def test_remaining_decreases_as_a_held_out_job_trains(history, key):
 
 
 def test_cross_validation_beats_the_naive_baseline(history):
-    cv = P.cross_validate(history)
+    cv = F.cross_validate(history)
     assert cv["model_mae_fraction"] < cv["baseline_mae_fraction"]
     assert cv["model_mae_remaining_samples"] < cv["baseline_mae_remaining_samples"]

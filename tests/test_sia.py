@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 from policy_helpers import obs_for, spec
 
-from ones_pipeline.core.baselines.sia import SiaPolicy, SiaProblem, configurations, place, solve_mckp
-from ones_pipeline.core.policy import make_policy, policy_from_dict
+from ones_pipeline.core.policies import make_policy, policy_from_dict
+from ones_pipeline.core.policies.sia import SiaPolicy, SiaProblem, configurations, place, solve_mckp
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
     JobStatus,
     JobView,
     Schedule,
+    lr_for_batch,
 )
 
 
@@ -43,7 +44,8 @@ def random_state(rng: np.random.Generator, cluster: Cluster, num_jobs: int, max_
         status = JobStatus.PAUSED if rng.random() < 0.3 else JobStatus.PENDING
         if running:
             n = min(req, s.gpu_cap)
-            allocations[s.name] = Allocation(s.name, tuple(int(free.pop()) for _ in range(n)), pgb * req)
+            gpus = tuple(int(free.pop()) for _ in range(n))
+            allocations[s.name] = Allocation(s.name, gpus, pgb * req, lr_for_batch(s, pgb * req))
             status = JobStatus.RUNNING
         jobs.append(JobView(spec=s, status=status, submit_time_s=s.submit_time_s, throughput_obs=obs,
                             grad_noise_scale=float(rng.uniform(1, 5000)) if obs else None,
@@ -154,7 +156,7 @@ def test_restart_factor_keeps_a_job_that_restarted_often():
     cluster = Cluster.uniform(1, 4)
     s = spec("a", max_gpus=8, max_global_batch=4096)
     obs = obs_for(0.02, 1e-4, 0.001, 0.0, 0.0, 0.0, 64, counts=(1, 2))
-    cur = Schedule({"a": Allocation("a", (0, 1), 64)})
+    cur = Schedule({"a": Allocation("a", (0, 1), 64, lr_for_batch(s, 64))})
 
     def decide(restarts):
         v = JobView(spec=s, status=JobStatus.RUNNING, submit_time_s=0.0, throughput_obs=obs,
@@ -248,7 +250,7 @@ def test_edge_cases():
     out = pol.decide(0.0, one, jobs, Schedule())
     out.validate(one, {j.name: j.spec for j in jobs})
     assert list(out.allocations) == ["j0"]
-    stale = Schedule({"gone": Allocation("gone", (0,), 8), "j1": Allocation("j1", (0, 5), 96)})
+    stale = Schedule({"gone": Allocation("gone", (0,), 8, 0.1), "j1": Allocation("j1", (0, 5), 96, 0.3)})
     pol.decide(0.0, one, jobs, stale).validate(one)
 
 
@@ -279,7 +281,7 @@ def test_jobs_inside_their_restart_keep_their_allocation():
     cluster = Cluster.uniform(1, 4)
     s = spec("a", max_gpus=8, max_global_batch=4096)
     obs = obs_for(0.02, 1e-4, 0.001, 0.0, 0.0, 0.0, 64, counts=(1, 2))
-    cur = Schedule({"a": Allocation("a", (0, 1), 64)})
+    cur = Schedule({"a": Allocation("a", (0, 1), 64, lr_for_batch(s, 64))})
     v = JobView(spec=s, status=JobStatus.RUNNING, submit_time_s=0.0, throughput_obs=obs, grad_noise_scale=1e5,
                 last_change_s=2990.0)
     assert SiaPolicy(restart_penalty_s=30.0).decide(3000.0, cluster, [v], cur).allocations["a"] is cur.allocations["a"]

@@ -7,7 +7,7 @@ free (restart_cost_s = 0) so the arithmetic stays simple; a job's epoch is a qua
 
 import pytest
 
-from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.synthetic import synthetic_job

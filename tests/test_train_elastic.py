@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 mlflow = pytest.importorskip("mlflow")
 
-from ones_pipeline.adapters.mlflow_tracker import read_progress  # noqa: E402
+from ones_pipeline.adapters.mlflow import read_progress  # noqa: E402
 from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,14 +131,14 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     import json
 
     from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
-    from ones_pipeline.train.api import spec_to_json
+    from ones_pipeline.scheduler import RunAllocation
 
     spec = JobSpec(name="piped", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
                    requested_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=2))
     context = {"asset_keys": ["training_job"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
                "partition_key": "piped", "partition_key_range": None, "partition_time_window": None,
                "run_id": "run-1", "job_name": "train", "retry_number": 0,
-               "extras": {"spec": json.loads(spec_to_json(spec)), "slots": 2, "generation": 3,
+               "extras": {"allocation": RunAllocation.make(spec, (0, 1), "cpu", 64, 3).to_json(),
                           "state_dir": str(tmp_path / "state"), "tracking_uri": f"sqlite:///{tmp_path / 'm.db'}"}}
     ctx_file, msg_file = tmp_path / "context.json", tmp_path / "messages.jsonl"
     ctx_file.write_text(json.dumps(context))
@@ -157,17 +157,20 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     assert metadata["samples"]["raw_value"] == 2 * 1437 and metadata["generation"]["raw_value"] == 3
     progress = read_progress(f"sqlite:///{tmp_path / 'm.db'}", "ones", ["piped"])["piped"]
     assert progress.generation == 3 and progress.status == "FINISHED"
+    assert metadata["mlflow_run_id"]["raw_value"] == progress.run_id  # reported through Pipes, no side file
 
 
 def test_launcher_kills_a_rank_that_hangs_after_rank_0_finished(tmp_path):
     """A peer stuck in teardown must not hold its slots forever once rank 0 (checkpoint, MLflow) is done."""
     from ones_pipeline.core.types import JobSpec
-    from ones_pipeline.train.launcher import run_training
+    from ones_pipeline.scheduler import RunAllocation
+    from ones_pipeline.train.launcher import LaunchRequest, launch
 
     script = tmp_path / "rank.py"
     script.write_text("import os, time\nif os.environ['ONES_RANK'] != '0':\n    time.sleep(600)\n")
     spec = JobSpec(name="hang", model="custom", dataset_size=10, per_gpu_batch=1, max_lr=1.0,
                    command=(sys.executable, str(script)))
     t0 = time.monotonic()
-    assert run_training(spec, tmp_path / "state", slots=2, grace_period_s=1.0) == 0
+    request = LaunchRequest(RunAllocation.make(spec, (0, 1), "cpu", 2, 0), tmp_path / "state", grace_period_s=1.0)
+    assert launch(request) == 0
     assert time.monotonic() - t0 < 30

@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,7 @@ from ones_pipeline.core.types import (
     StopKind,
     StoppingRule,
     batch_and_lr,
+    lr_for_batch,
 )
 
 
@@ -64,13 +67,32 @@ def test_cluster_placement_and_slots():
 
 def test_schedule_validation_catches_double_booking_and_caps():
     c = Cluster.uniform(1, 4)
-    ok = Schedule({"a": Allocation("a", (0, 1), 64), "b": Allocation("b", (2,), 32)})
+    ok = Schedule({"a": Allocation("a", (0, 1), 64, 0.2), "b": Allocation("b", (2,), 32, 0.1)})
     ok.validate(c)
     with pytest.raises(ValueError, match="double-booked"):
-        Schedule({"a": Allocation("a", (0, 1), 64), "b": Allocation("b", (1,), 32)}).validate(c)
+        Schedule({"a": Allocation("a", (0, 1), 64, 0.2), "b": Allocation("b", (1,), 32, 0.1)}).validate(c)
     with pytest.raises(ValueError, match="outside"):
-        Schedule({"a": Allocation("a", (4,), 64)}).validate(c)
+        Schedule({"a": Allocation("a", (4,), 64, 0.2)}).validate(c)
     s = spec(name="a", requested_gpus=1, max_gpus=1)
     with pytest.raises(ValueError, match="cap"):
-        Schedule({"a": Allocation("a", (0, 1), 64)}).validate(c, {"a": s})
+        Schedule({"a": Allocation("a", (0, 1), 64, 0.2)}).validate(c, {"a": s})
     assert Schedule.from_dict(ok.to_dict()) == ok
+
+
+@pytest.mark.parametrize("lr", [0.0, -0.1, float("nan"), float("inf"), None, "0.1", True])
+def test_an_allocation_needs_a_finite_positive_lr(lr):
+    with pytest.raises(ValueError, match=f"allocation of a: lr must be a finite number > 0, got {re.escape(repr(lr))}"):
+        Allocation("a", (0,), 32, lr)
+    with pytest.raises(TypeError):
+        Allocation("a", (0,), 32)  # type: ignore[call-arg]  # lr is required
+
+
+def test_allocations_follow_the_batch_lr_rule_and_schedules_need_their_lr():
+    s = spec()
+    alloc = Allocation.for_spec(s, (0, 1))
+    assert (alloc.global_batch, alloc.lr) == (64, pytest.approx(lr_for_batch(s, 64)))
+    data = Schedule({"job-1": alloc}).to_dict()
+    assert data == {"job-1": {"gpus": [0, 1], "global_batch": 64, "lr": alloc.lr}}
+    del data["job-1"]["lr"]
+    with pytest.raises(ValueError, match="allocation of job-1: missing lr"):
+        Schedule.from_dict(data)

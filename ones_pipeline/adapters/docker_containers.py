@@ -163,7 +163,7 @@ def docker_available(timeout_s: float = 3.0) -> bool:
         return False
     try:
         return bool(client.ping())
-    except Exception:  # connection refused, timeout, bad response: no usable engine  # noqa: BLE001
+    except Exception:  # connection refused, timeout, bad response: no usable engine
         return False
     finally:
         client.close()

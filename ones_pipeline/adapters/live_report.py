@@ -11,17 +11,15 @@ Times are unix seconds; durations are seconds (``*_s``). Plots show minutes sinc
 from __future__ import annotations
 
 import base64
-import json
 import math
-import os
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+from ones_pipeline import reporting
 
 TABLE_COLUMNS = ("job", "model", "jct_s", "wait_s", "run_s", "restarts", "generations", "gpu_s", "accuracy",
                  "samples")
@@ -30,9 +28,8 @@ SUMMARY_KEYS = ("jobs", "mean_jct_s", "median_jct_s", "p95_jct_s", "makespan_s",
 _INT_COLUMNS = ("restarts", "generations")
 _DPI = 100
 _FIGSIZE = (8, 4.5)
-_MAX_LEGEND_JOBS = 20
-# A bar gets its generation number written on it when it spans at least this fraction of the x range.
-_MIN_LABEL_FRACTION = 0.035
+_dur = reporting.human_duration
+_num = reporting.format_number
 
 
 @dataclass(frozen=True)
@@ -127,10 +124,9 @@ def _summary(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], table: pd.Da
     ``utilisation`` counts every span (finished jobs' and unfinished jobs') clipped to that window, so it
     is the cluster's occupancy while those jobs were in the system; ``gpu_s`` is the finished jobs' own.
     """
+    stats = reporting.jct_statistics(table["jct_s"].to_numpy(dtype=float), percentiles=(95,))
     if not jobs:
-        return {"jobs": 0, "mean_jct_s": math.nan, "median_jct_s": math.nan, "p95_jct_s": math.nan,
-                "makespan_s": 0.0, "utilisation": math.nan, "gpu_s": 0.0, "restarts": 0}
-    jct = table["jct_s"].to_numpy(dtype=float)
+        return {"jobs": 0, **stats, "makespan_s": 0.0, "utilisation": math.nan, "gpu_s": 0.0, "restarts": 0}
     t0 = min(float(j.submit_s) for j in jobs)
     t1 = max(float(j.finish_s) for j in jobs)
     makespan = t1 - t0
@@ -141,9 +137,7 @@ def _summary(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], table: pd.Da
             held += max(0.0, min(iv[1], t1) - max(iv[0], t0)) * len(span.slot_ids)
     return {
         "jobs": len(jobs),
-        "mean_jct_s": float(np.mean(jct)),
-        "median_jct_s": float(np.median(jct)),
-        "p95_jct_s": float(np.percentile(jct, 95)),
+        **stats,
         "makespan_s": float(makespan),
         "utilisation": float(held / (num_slots * makespan)) if makespan > 0 else math.nan,
         "gpu_s": float(table["gpu_s"].sum()),
@@ -154,28 +148,8 @@ def _summary(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], table: pd.Da
 # -------------------------------------------------------------------------------------------- markdown
 
 
-def _dur(seconds: float) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "–"
-    if abs(seconds) < 120:
-        return f"{seconds:.0f} s"
-    if abs(seconds) < 3 * 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
-
-
-def _num(value: float | None, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–"
-    return format(value, fmt)
-
-
-def _cell(text: str) -> str:
-    # A pipe would end the cell; a newline would end the row.
-    return str(text).replace("|", "\\|").replace("\n", " ") or "–"
-
-
 def summary_line(summary: dict[str, float], num_slots: int) -> str:
+    """One bold sentence: jobs finished, JCT statistics, makespan, utilisation, GPU-hours, restarts."""
     if not summary["jobs"]:
         return f"**0 jobs finished** on {num_slots} slots."
     return (f"**{summary['jobs']} jobs finished** on {num_slots} slots: mean JCT {_dur(summary['mean_jct_s'])}, "
@@ -185,17 +159,13 @@ def summary_line(summary: dict[str, float], num_slots: int) -> str:
 
 
 def _markdown(table: pd.DataFrame, summary: dict[str, float], num_slots: int) -> str:
-    header = ("| job | model | JCT | wait | run | restarts | generations | GPU-h | accuracy | samples |\n"
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     if table.empty:
         return f"_no finished jobs yet_\n\n{summary_line(summary, num_slots)}\n"
-    lines = [header]
-    for row in table.itertuples(index=False):
-        lines.append(
-            f"| {_cell(row.job)} | {_cell(row.model)} | {_dur(row.jct_s)} | {_dur(row.wait_s)} | {_dur(row.run_s)} "
-            f"| {row.restarts} | {row.generations} | {row.gpu_s / 3600:.2f} | {_num(row.accuracy, '.4f')} "
-            f"| {_num(row.samples, ',.0f')} |")
-    return "\n".join(lines) + f"\n\n{summary_line(summary, num_slots)}\n"
+    rows = [(row.job, row.model, _dur(row.jct_s), _dur(row.wait_s), _dur(row.run_s), row.restarts, row.generations,
+             f"{row.gpu_s / 3600:.2f}", _num(row.accuracy, ".4f"), _num(row.samples, ",.0f"))
+            for row in table.itertuples(index=False)]
+    header = ("job", "model", "JCT", "wait", "run", "restarts", "generations", "GPU-h", "accuracy", "samples")
+    return reporting.markdown_table(header, rows, align="llrrrrrrrr") + f"\n\n{summary_line(summary, num_slots)}\n"
 
 
 def png_markdown(path: Path, alt: str, max_bytes: int = 400_000) -> str:
@@ -209,144 +179,47 @@ def png_markdown(path: Path, alt: str, max_bytes: int = 400_000) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(data).decode('ascii')})"
 
 
-# ------------------------------------------------------------------------------------------------ files
-
-
-def _write_atomic(path: Path, write: Callable[[object], None]) -> Path:
-    """Write through ``write(binary_file)`` into a temp file beside ``path``, then rename it over ``path``,
-    so a reader (the Dagster UI, a notebook) never sees a half-written file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _json_safe(value: float) -> float | None:
-    # JSON has no NaN; undefined statistics are written as null.
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on the Dagster code server; a no-op when Agg is already in use
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save_figure(fig, path: Path) -> Path:
-    plt = _pyplot()
-    try:
-        fig.tight_layout()
-        return _write_atomic(path, lambda fh: fig.savefig(fh, format="png", dpi=_DPI))
-    finally:
-        plt.close(fig)
-
-
-def _no_data(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=12, color="0.4")
-    ax.set_xticks([])
-    ax.set_yticks([])
+# ------------------------------------------------------------------------------------------------ plots
 
 
 def plot_jct_cdf(table: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Empirical CDF of the finished jobs' JCT, minutes on x."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=_FIGSIZE)
-    jct_min = np.sort(table["jct_s"].to_numpy(dtype=float)) / 60.0
-    if jct_min.size:
-        frac = np.arange(1, jct_min.size + 1) / jct_min.size
-        # Start the curve at (0, 0) so one job still draws a visible step.
-        ax.step(np.r_[0.0, jct_min], np.r_[0.0, frac], where="post", lw=2, color="C0")
-        ax.plot(jct_min, frac, "o", ms=3, color="C0")
-        ax.axvline(np.mean(jct_min), color="k", lw=0.8, ls="--", label=f"mean {np.mean(jct_min):.1f} min")
-        ax.set_xlim(0, jct_min[-1] * 1.05 if jct_min[-1] > 0 else 1.0)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("job completion time (minutes)")
-        ax.set_ylabel("fraction of finished jobs")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-    else:
-        _no_data(ax, "no finished jobs yet")
-    ax.set_title(f"{title}: JCT CDF ({jct_min.size} finished jobs)" if title else "JCT CDF")
-    return _save_figure(fig, path)
+    n = len(table)
+    return reporting.plot_jct_cdf(
+        {"": table["jct_s"].to_numpy(dtype=float)}, path, unit="min", highlight="", points=True, mean_line=True,
+        ylabel="fraction of finished jobs", empty_text="no finished jobs yet",
+        title=f"{title}: JCT CDF ({n} finished jobs)" if title else "JCT CDF", figsize=_FIGSIZE, dpi=_DPI)
 
 
 def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slots: int, path: Path,
                     title: str = "", now_s: float | None = None) -> Path:
-    """Slots held over time: one horizontal bar per (span, slot), one colour per job, generation numbers on
-    bars wide enough to hold them. Resizes and preemptions show as a job's colour moving between slots.
-    Spans still running are hatched and end at ``now_s`` (default now)."""
-    plt = _pyplot()
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
-
+    """Slots held over time: one horizontal bar per (span, slot), one colour per job (in order of first
+    submit or start), generation numbers on bars wide enough to hold them. Resizes and preemptions show as
+    a job's colour moving between slots. Spans still running are hatched and end at ``now_s`` (default
+    now)."""
     now = time.time() if now_s is None else float(now_s)
     started = [(s, iv) for s in spans if (iv := _interval(s, now)) is not None and s.slot_ids]
-    fig, ax = plt.subplots(figsize=_FIGSIZE)
     if not started:
-        _no_data(ax, "no finished jobs yet" if not jobs else "no run has started")
+        fig, ax = reporting.pyplot().subplots(figsize=_FIGSIZE)
+        reporting.no_data(ax, "no finished jobs yet" if not jobs else "no run has started")
         ax.set_title(f"{title}: allocation over time" if title else "allocation over time")
-        return _save_figure(fig, path)
+        return reporting.save_png(fig, path, _DPI)
 
-    finished = {j.job for j in jobs}
     first_seen: dict[str, float] = {}
     for j in jobs:
         first_seen[j.job] = min(first_seen.get(j.job, math.inf), float(j.submit_s))
     for s, (t, _) in started:
         first_seen[s.job] = min(first_seen.get(s.job, math.inf), t)
-    t0 = min(first_seen.values())
     order = sorted(first_seen, key=lambda name: (first_seen[name], name))
-    cmap = plt.get_cmap("tab20")
-    color = {name: cmap(i % 20) for i, name in enumerate(order)}
-
-    x_max = max(e for _, (_, e) in started)
-    x_max = max([x_max] + [float(j.finish_s) for j in jobs])
-    x_range_min = max((x_max - t0) / 60.0, 1e-9)
-    any_running = False
-    for span, (start, end) in started:
-        running = span.end_s is None
-        any_running |= running
-        left, width = (start - t0) / 60.0, (end - start) / 60.0
-        for slot in span.slot_ids:
-            ax.barh(slot, width, left=left, height=0.8, color=color[span.job], hatch="//" if running else None,
-                    edgecolor="red" if span.status.upper() == "FAILURE" else "white", linewidth=0.6)
-            if width / x_range_min >= _MIN_LABEL_FRACTION:
-                ax.text(left + width / 2, slot, f"g{span.generation}", ha="center", va="center", fontsize=7,
-                        color="black", clip_on=True)
-    if any_running:
-        ax.axvline((now - t0) / 60.0, color="k", lw=0.8, ls=":")
-
-    slots_seen = [slot for s, _ in started for slot in s.slot_ids]
-    lo, hi = min([0] + slots_seen), max([num_slots - 1] + slots_seen)
-    ax.set_ylim(lo - 0.6, hi + 0.6)
-    if hi - lo < 16:
-        ax.set_yticks(range(lo, hi + 1))
-    else:
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
-    ax.set_xlim(0, x_range_min * 1.02)
-    ax.set_xlabel("minutes since the first submit")
-    ax.set_ylabel("slot")
-    ax.grid(axis="x", alpha=0.3)
-
-    shown = order[:_MAX_LEGEND_JOBS]
-    handles = [Patch(facecolor=color[n], label=n if n in finished else f"{n} (not finished)") for n in shown]
-    if len(order) > len(shown):
-        handles.append(Patch(facecolor="none", edgecolor="none", label=f"+{len(order) - len(shown)} more"))
-    if any_running:
-        handles.append(Patch(facecolor="white", edgecolor="0.3", hatch="//", label="still running"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    ax.set_title(f"{title}: allocation over time ({num_slots} slots)" if title
-                 else f"allocation over time ({num_slots} slots)")
-    return _save_figure(fig, path)
+    bars = [reporting.SlotBar(span.job, slot, start, end, f"g{span.generation}", running=span.end_s is None,
+                              failed=span.status.upper() == "FAILURE")
+            for span, (start, end) in started for slot in span.slot_ids]
+    end_s = max([max(e for _, (_, e) in started)] + [float(j.finish_s) for j in jobs])
+    finished = {j.job for j in jobs}
+    return reporting.plot_slot_bars(
+        bars, order, num_slots, path, origin_s=min(first_seen.values()), end_s=end_s, now_s=now,
+        unfinished=[n for n in order if n not in finished], figsize=_FIGSIZE, dpi=_DPI,
+        title=f"{title + ': ' if title else ''}allocation over time ({num_slots} slots)")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -367,10 +240,10 @@ def build_report(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slot
     table = _table(jobs, spans, now)
     summary = _summary(jobs, spans, table, num_slots, now)
     files = {
-        "csv": _write_atomic(out_dir / "jobs.csv", lambda fh: fh.write(table.to_csv(index=False).encode())),
-        "json": _write_atomic(out_dir / "summary.json", lambda fh: fh.write(json.dumps(
-            {"title": title, "num_slots": num_slots, "summary": {k: _json_safe(v) for k, v in summary.items()}},
-            indent=2).encode())),
+        "csv": reporting.write_csv(out_dir / "jobs.csv", table),
+        "json": reporting.write_json(out_dir / "summary.json", {
+            "title": title, "num_slots": num_slots,
+            "summary": {k: reporting.json_safe(v) for k, v in summary.items()}}),
         "jct_cdf": plot_jct_cdf(table, out_dir / "jct_cdf.png", title=title),
         "allocation": plot_allocation(jobs, spans, num_slots, out_dir / "allocation.png", title=title, now_s=now),
     }

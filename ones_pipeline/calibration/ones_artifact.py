@@ -28,19 +28,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
-from ones_pipeline.sim.ones_trace import (
-    ARTIFACT_PROFILE,
-    Catalogue,
-    OnesJobTruth,
-    catalogue,
-    load_ones_trace,
-    make_spec,
-    read_ones_trace,
-    standalone_time_s,
-)
+from ones_pipeline.sim.ones_catalogue import Catalogue, catalogue
+from ones_pipeline.sim.ones_history import ARTIFACT_PROFILE, read_artifact_rows, read_job_history
+from ones_pipeline.sim.ones_trace import load_ones_trace
+from ones_pipeline.sim.ones_trace_reader import read_ones_trace
+from ones_pipeline.sim.ones_truth import OnesJobTruth, make_spec, standalone_time_s
 from ones_pipeline.sim.pollux_profiles import consolidated_placement
 from ones_pipeline.sim.truth import SimJob
 
@@ -69,8 +64,9 @@ class Comparison:
 
 
 def artifact_table(ones_dir: Path = ONES_DIR, name: str = "TIRESIAS") -> pd.DataFrame:
+    """The artifact's ``<name>_profile.csv`` (validated) with each job's ``key``: model/task/epoch size."""
     path = ones_dir / ARTIFACT_PROFILE if name == "TIRESIAS" else ones_dir / "results-published" / f"{name}_profile.csv"
-    art = pd.read_csv(path)
+    art = pd.DataFrame([r.values for r in read_artifact_rows(path)])
     rows = read_ones_trace(ones_dir / "trace_1.csv")
     art["key"] = [f"{rows[i].model}/{rows[i].task}/{rows[i].epoch_size}" for i in art["id"]]
     return art
@@ -170,10 +166,16 @@ def report_oracle(ones_dir: Path = ONES_DIR) -> None:
 
 
 def report_heldout(ones_dir: Path = ONES_DIR) -> None:
+    """Checks on data the calibration did not use: the extra GoogLeNet run of job_history.csv (throughput and
+    epochs against the batch), then leave-one-epoch-size-out on the artifact's durations."""
     cat = catalogue(ones_dir)
+    _heldout_googlenet_run(ones_dir, cat)
+    _heldout_epoch_sizes(ones_dir, cat)
+
+
+def _heldout_googlenet_run(ones_dir: Path, cat: Catalogue) -> None:
     ct = cat[("googlenet", "cifar")]
-    h = pd.read_csv(ones_dir / "job_history.csv")
-    extra = h.iloc[:21]  # the file's first block: id 0 reused for a GoogLeNet run at 512 -> 768 -> 1024
+    extra = read_job_history(ones_dir / "job_history.csv")[0]  # id 0 reused for a GoogLeNet run at 512 -> 1024
     row = next(r for r in read_ones_trace(ones_dir / "trace_1.csv") if (r.model, r.task, r.epoch_size) ==
                ("googlenet", "cifar", 40000))
     t = OnesJobTruth(row, ct, cat.restart_cost_s)
@@ -184,7 +186,7 @@ def report_heldout(ones_dir: Path = ONES_DIR) -> None:
         n = bs // 256
         step, _ = t.step_time(consolidated_placement(n), 256)
         pred = bs / (step * t.speed)
-        obs = float(np.median(extra.throughput[extra.batch_size == bs]))
+        obs = float(np.median(extra.throughputs[extra.batch_sizes == bs]))
         print(f"| {n} | {bs} | {obs:.0f} | {pred:.0f} | {100 * (pred / obs - 1):+.0f} % |")
     print("\n## Held-out 2: epochs vs global batch (same run; curve fitted on the 1024-only run)")
     print("| rule | accuracy RMSE over 21 epochs | reference-batch (1024) epochs after the 21 |\n|---|---|---|")
@@ -193,15 +195,18 @@ def report_heldout(ones_dir: Path = ONES_DIR) -> None:
     for name, scale in (("Pollux noise scale x b0/M0 (kept)", t._gns_scale), ("Pollux noise scale, absolute", 1.0),
                         ("no batch effect (perfect linear scaling)", None)):
         r, preds = 0.0, []
-        for bs in extra.batch_size:
+        for bs in extra.batch_sizes:
             if scale is None:
                 r += 1.0
             else:
                 g = p.grad_noise_scale(min(r / curve.history_epochs, 1.0) * p.total_progress) * scale
                 r += ((g + 256) / (g + bs)) / ((g + 256) / (g + 1024))
             preds.append(float(curve(r)))
-        rmse = math.sqrt(float(np.mean((np.array(preds) - extra.acc.to_numpy()) ** 2)))
+        rmse = math.sqrt(float(np.mean((np.array(preds) - extra.accs) ** 2)))
         print(f"| {name} | {rmse:.4f} | {r:.2f} |")
+
+
+def _heldout_epoch_sizes(ones_dir: Path, cat: Catalogue) -> None:
     print("\n## Held-out 3: leave one epoch size out (type speed from the other epoch size's artifact jobs)")
     art = artifact_table(ones_dir)
     rows = read_ones_trace(ones_dir / "trace_1.csv")

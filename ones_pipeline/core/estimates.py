@@ -17,10 +17,11 @@ from ones_pipeline.core.progress import remaining_samples
 from ones_pipeline.core.types import JobView
 
 
-def fitted_params(jobs: Sequence[JobView]) -> np.ndarray:
-    """(J, 6) throughput parameters: each job's own fit, else the mean fit of jobs of the same model."""
+def fitted_params(jobs: Sequence[JobView]) -> tp.ThroughputParams:
+    """Throughput parameters of every job, ``(J,)`` fields: each job's own fit, else the mean fit of jobs
+    of the same model, else the generic prior."""
     own = [_fit_cached(tuple(j.throughput_obs)) if j.throughput_obs else None for j in jobs]
-    by_model: dict[str, list[np.ndarray]] = defaultdict(list)
+    by_model: dict[str, list[tp.ThroughputParams]] = defaultdict(list)
     for j, p in zip(jobs, own, strict=False):
         if p is not None:
             by_model[j.spec.model].append(p)
@@ -32,15 +33,14 @@ def fitted_params(jobs: Sequence[JobView]) -> np.ndarray:
             out[i] = np.mean(by_model[j.spec.model], axis=0)
         else:
             out[i] = tp.DEFAULT_PARAMS
-    return out
+    return tp.ThroughputParams.from_array(out)
 
 
 @lru_cache(maxsize=16384)
-def _fit_cached(observations: tuple) -> np.ndarray:
-    """A job's observations change only when it runs somewhere new: refit only then."""
-    params = tp.fit_params(observations)
-    params.setflags(write=False)
-    return params
+def _fit_cached(observations: tuple) -> tp.ThroughputParams:
+    """A job's observations change only when it runs somewhere new: refit only then (the result is an
+    immutable tuple of numbers, safe to share)."""
+    return tp.fit_params(observations)
 
 
 def remaining_work(jobs: Sequence[JobView]) -> np.ndarray:
@@ -64,9 +64,9 @@ def split_batch(global_batch, num_gpus, max_per_gpu) -> tuple[np.ndarray, np.nda
     return micro, accum
 
 
-def goodput_of(params: np.ndarray, gns, base_batch, max_per_gpu, num_gpus, num_nodes, global_batch,
+def goodput_of(params: tp.ThroughputParams, gns, base_batch, max_per_gpu, num_gpus, num_nodes, global_batch,
                use_efficiency: bool = True) -> np.ndarray:
-    """Base-equivalent samples/s of jobs at the given sizes (all arguments broadcast; params (..., 6))."""
+    """Base-equivalent samples/s of jobs at the given sizes (all arguments and ``params``' fields broadcast)."""
     micro, accum = split_batch(global_batch, num_gpus, max_per_gpu)
     thr = tp.throughput(params, num_gpus, num_nodes, micro, accum)
     if not use_efficiency:

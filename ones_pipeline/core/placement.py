@@ -1,4 +1,5 @@
-"""Choosing concrete GPUs: consolidated placement (fewest nodes) shared by every policy."""
+"""Choosing concrete GPUs: consolidated placement (fewest nodes) shared by every policy, and the schedule
+of "job -> GPU count" decisions (``schedule_from_counts``, shared by the ONES policies)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.types import Cluster
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
 
 
 def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
@@ -14,7 +15,6 @@ def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
     mask = np.ones(cluster.num_gpus, dtype=bool)
     mask[list(taken)] = False
     return mask
-
 
 
 def place_consolidated(cluster: Cluster, free: np.ndarray, n: int, prefer: Sequence[int] = ()) -> list[int] | None:
@@ -101,3 +101,29 @@ def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
         out[name] = tuple(gpus)
         free[gpus] = False
     return out
+
+
+def schedule_from_counts(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray, current: Schedule,
+                         order: Sequence[int], batches: np.ndarray | None = None) -> Schedule:
+    """The schedule giving ``jobs[i]`` ``counts[i]`` GPUs (``counts`` (J,)), placed in ``order`` (job indices)
+    by ``place_counts``.
+
+    A job whose GPUs are unchanged keeps its allocation (a batch change alone would cost a restart); the
+    others get the global batch ``batches[i, n]`` ((J, N+1) by GPU count ``n``) and its LR, or, without
+    ``batches``, the spec's batch/LR rule (``Allocation.for_spec``).
+    """
+    wanted = [(jobs[i].name, int(counts[i])) for i in order]
+    gpus = place_counts(cluster, wanted, {j.name: current.gpus_of(j.name) for j in jobs})
+    allocs = {}
+    for i, j in enumerate(jobs):
+        if j.name not in gpus:
+            continue
+        old = current.allocations.get(j.name)
+        if old is not None and old.gpus == gpus[j.name]:
+            allocs[j.name] = old
+        elif batches is None:
+            allocs[j.name] = Allocation.for_spec(j.spec, gpus[j.name])
+        else:
+            batch = int(batches[i, len(gpus[j.name])])
+            allocs[j.name] = Allocation(j.name, gpus[j.name], batch, lr_for_batch(j.spec, batch))
+    return Schedule(allocs)

@@ -9,14 +9,16 @@ gradient-accumulation micro-steps (``a = 0`` when ``b`` fits in memory)::
     step       = (a + 1) * compute(b) + sync(n, k)
     throughput = n * b * (a + 1) / step                        # samples per second
 
-The six parameters ``(c0, c1, s0, s1, x0, x1)`` are non-negative. They are fitted by ridge-regularised
-least squares towards a prior, so one observation at 1 GPU already gives a usable (pessimistic-for-
-scale-out) model and more placements sharpen it. The model never returns a non-positive step time.
+The six parameters (``ThroughputParams``: ``c0, c1, s0, s1, x0, x1``) are non-negative. They are fitted
+by ridge-regularised least squares towards a prior, so one observation at 1 GPU already gives a usable
+(pessimistic-for-scale-out) model and more placements sharpen it. The model never returns a non-positive
+step time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,14 +26,51 @@ from ones_pipeline.core.types import ThroughputObs
 
 N_PARAMS = 6
 MIN_STEP_S = 1e-6
+
+
+class ThroughputParams(NamedTuple):
+    """Parameters of the step-time model (seconds). Each field is a number or an array; arrays broadcast
+    against the configuration arguments of ``step_time`` and ``throughput``, so one value can hold the
+    parameters of many jobs (``(J,)`` fields, see ``select``)."""
+
+    # compute(b) = c0 + c1 * b, one forward + backward pass over a micro-batch of b samples
+    c0: Any  # constant term of compute time (s)
+    c1: Any  # compute time per sample of the micro-batch (s)
+    # sync(n, k) = [n > 1] * (s0 + s1 * (n - 1)) + [k > 1] * (x0 + x1 * (k - 1))
+    s0: Any  # constant term of the all-reduce over n > 1 GPUs (s)
+    s1: Any  # all-reduce time per GPU of the ring beyond the first (s)
+    x0: Any  # constant extra cost of crossing nodes, k > 1 (s)
+    x1: Any  # extra cost per node beyond the first (s)
+    # step = (a + 1) * compute(b) + sync(n, k), with a accumulation micro-steps
+    # throughput = n * b * (a + 1) / step (samples per second)
+
+    @classmethod
+    def from_array(cls, values: Any) -> ThroughputParams:
+        """From a ``(..., 6)`` array, columns in field order; fields are ``(...)`` views (or scalars)."""
+        a = np.asarray(values, dtype=float)
+        if a.shape[-1:] != (N_PARAMS,):
+            raise ValueError(f"throughput parameters need a last axis of {N_PARAMS}, got shape {a.shape}")
+        return cls(*np.moveaxis(a, -1, 0))
+
+    def as_array(self) -> np.ndarray:
+        """``(..., 6)`` array of the fields broadcast against each other, columns in field order."""
+        return np.stack(np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in self)), axis=-1)
+
+    def select(self, index: Any) -> ThroughputParams:
+        """Every field indexed by ``index``: the parameters of some jobs (an index array), of one job (an
+        int), or with axes added for broadcasting (``np.s_[:, None]``)."""
+        return ThroughputParams(*(np.asarray(v, dtype=float)[index] for v in self))
+
+
 # With no observation at all: a generic small-model prior (seconds).
-DEFAULT_PARAMS = np.array([0.01, 1e-3, 0.005, 0.002, 0.02, 0.01])
+DEFAULT_PARAMS = ThroughputParams(c0=0.01, c1=1e-3, s0=0.005, s1=0.002, x0=0.02, x1=0.01)
 # Relative priors for sync terms once compute is known: fractions of one compute step.
 _SYNC_PRIOR_FRACTIONS = np.array([0.05, 0.02, 0.2, 0.1])
 
 
 def features(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
-    """(..., 6) design matrix rows for the step-time equation."""
+    """(..., 6) design matrix rows for the step-time equation: the factor of each parameter, in field
+    order, so that ``step = features @ params``."""
     n = np.asarray(num_gpus, dtype=float)
     k = np.asarray(num_nodes, dtype=float)
     b = np.asarray(per_gpu_batch, dtype=float)
@@ -42,13 +81,19 @@ def features(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
     return np.stack([a1, a1 * b, multi, multi * (n - 1), cross, cross * (k - 1)], axis=-1)
 
 
-def step_time(params: np.ndarray, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
-    """Seconds per optimizer step. ``params`` (6,) or (..., 6) broadcast against the other arguments."""
+def step_time(params: ThroughputParams, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+    """Seconds per optimizer step (> 0); ``params``' fields broadcast against the other arguments."""
+    if not isinstance(params, ThroughputParams):
+        raise TypeError(f"params must be ThroughputParams, got {type(params).__name__}")
+    c0, c1, s0, s1, x0, x1 = (np.asarray(v, dtype=float) for v in params)
     f = features(num_gpus, num_nodes, per_gpu_batch, accum_steps)
-    return np.maximum(np.sum(f * np.asarray(params, dtype=float), axis=-1), MIN_STEP_S)
+    a1, a1_b, multi, multi_n, cross, cross_k = np.moveaxis(f, -1, 0)
+    # The terms summed left to right, in field order: the same floating-point sum as ``features @ params``.
+    step = a1 * c0 + a1_b * c1 + multi * s0 + multi_n * s1 + cross * x0 + cross_k * x1
+    return np.maximum(step, MIN_STEP_S)
 
 
-def throughput(params: np.ndarray, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+def throughput(params: ThroughputParams, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
     """Samples per second (> 0)."""
     n = np.asarray(num_gpus, dtype=float)
     b = np.asarray(per_gpu_batch, dtype=float)
@@ -56,22 +101,22 @@ def throughput(params: np.ndarray, num_gpus, num_nodes, per_gpu_batch, accum_ste
     return n * b * a1 / step_time(params, num_gpus, num_nodes, per_gpu_batch, accum_steps)
 
 
-def prior_params(observations: Sequence[ThroughputObs] = ()) -> np.ndarray:
+def prior_params(observations: Sequence[ThroughputObs] = ()) -> ThroughputParams:
     """Prior parameters: generic, or scaled from the observed compute time when there is one."""
     if not observations:
-        return DEFAULT_PARAMS.copy()
+        return DEFAULT_PARAMS
     compute = np.array([o.step_time_s - o.sync_time_s for o in observations], dtype=float)
     batch = np.array([o.per_gpu_batch for o in observations], dtype=float)
     per_sample = max(float(np.median(np.maximum(compute, MIN_STEP_S) / batch)), 1e-9)
     c0 = 0.1 * per_sample * float(np.median(batch))
     c1 = 0.9 * per_sample
     step = c0 + c1 * float(np.median(batch))
-    return np.concatenate([[c0, c1], _SYNC_PRIOR_FRACTIONS * step])
+    return ThroughputParams.from_array(np.concatenate([[c0, c1], _SYNC_PRIOR_FRACTIONS * step]))
 
 
-def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None = None,
-               ridge: float = 0.05) -> np.ndarray:
-    """Fit (6,) parameters to observed step times; ridge-regularised towards ``prior``.
+def fit_params(observations: Sequence[ThroughputObs], prior: ThroughputParams | None = None,
+               ridge: float = 0.05) -> ThroughputParams:
+    """Fit one job's parameters to observed step times; ridge-regularised towards ``prior``.
 
     The sync terms are fitted from observed sync times when reported (``sync_time_s > 0``), the
     compute terms from ``step_time - sync_time``; both are least squares in relative error, so a
@@ -80,7 +125,7 @@ def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None =
     if prior is None:
         prior = prior_params(observations)
     if not observations:
-        return np.asarray(prior, dtype=float).copy()
+        return prior
     n = np.array([o.num_gpus for o in observations], dtype=float)
     k = np.array([o.num_nodes for o in observations], dtype=float)
     b = np.array([o.per_gpu_batch for o in observations], dtype=float)
@@ -88,7 +133,7 @@ def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None =
     sync = np.array([o.sync_time_s for o in observations], dtype=float)
     f = features(n, k, b)
     has_sync = sync > 0
-    params = np.asarray(prior, dtype=float).copy()
+    params = prior.as_array().copy()  # (6,)
     # Compute part (cols 0-1): target is compute time when sync is known, else the whole step.
     target_c = np.where(has_sync, step - sync, step - f[:, 2:] @ params[2:])
     params[:2] = _ridge_nonneg(f[:, :2], target_c, params[:2], ridge)
@@ -97,7 +142,7 @@ def fit_params(observations: Sequence[ThroughputObs], prior: np.ndarray | None =
     informative = (n > 1)
     if informative.any():
         params[2:] = _ridge_nonneg(f[informative, 2:], target_s[informative], params[2:], ridge)
-    return params
+    return ThroughputParams.from_array(params)
 
 
 def _ridge_nonneg(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:

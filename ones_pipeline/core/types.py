@@ -214,16 +214,20 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Allocation:
-    """GPUs a job holds and the batch it trains with on them."""
+    """GPUs a job holds, the global batch it trains with on them and that batch's LR.
+
+    ``lr`` is required and must be finite and > 0: build it with the batch/LR rule (``lr_for_batch``,
+    or ``Allocation.for_spec`` for the spec's own batch), so the LR a run is launched with always follows
+    its batch.
+    """
 
     job: str
     gpus: tuple[int, ...]
     global_batch: int
-    lr: float = 0.0
-    generation: int = 0
+    lr: float
     # The job re-tunes its own batch in-process (AdaptDL's trainer: goodput-optimal batch for these GPUs,
     # at every epoch end, no restart); ``global_batch`` is then the batch it trains with now.
-    batch_tuned_by_job: bool = False
+    batch_tuned_by_job: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         gpus = tuple(int(g) for g in self.gpus)
@@ -233,7 +237,11 @@ class Allocation:
             raise ValueError(f"allocation of {self.job} repeats a GPU: {gpus}")
         if self.global_batch < 1:
             raise ValueError(f"allocation of {self.job}: global_batch must be >= 1, got {self.global_batch}")
+        is_number = isinstance(self.lr, (int, float, np.integer, np.floating)) and not isinstance(self.lr, bool)
+        if not (is_number and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"allocation of {self.job}: lr must be a finite number > 0, got {self.lr!r}")
         object.__setattr__(self, "gpus", tuple(sorted(gpus)))
+        object.__setattr__(self, "lr", float(self.lr))
 
     @property
     def num_gpus(self) -> int:
@@ -244,10 +252,10 @@ class Allocation:
         return int(math.ceil(self.global_batch / len(self.gpus)))
 
     @classmethod
-    def for_spec(cls, spec: JobSpec, gpus: Sequence[int], generation: int = 0) -> Allocation:
-        """Allocation following the spec's batch/LR rule."""
+    def for_spec(cls, spec: JobSpec, gpus: Sequence[int]) -> Allocation:
+        """Allocation following the spec's batch/LR rule (``batch_and_lr``)."""
         global_batch, lr = batch_and_lr(spec, len(gpus))
-        return cls(spec.name, tuple(gpus), global_batch, lr, generation)
+        return cls(spec.name, tuple(gpus), global_batch, lr)
 
 
 @dataclass(frozen=True)
@@ -289,20 +297,22 @@ class Schedule:
     def to_dict(self) -> dict:
         out = {}
         for name, a in self.allocations.items():
-            out[name] = {"gpus": list(a.gpus), "global_batch": a.global_batch, "lr": a.lr, "generation": a.generation}
+            out[name] = {"gpus": list(a.gpus), "global_batch": a.global_batch, "lr": a.lr}
             if a.batch_tuned_by_job:
                 out[name]["batch_tuned_by_job"] = True
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Mapping]) -> Schedule:
-        return cls(
-            {
-                name: Allocation(name, tuple(d["gpus"]), int(d["global_batch"]), float(d.get("lr", 0.0)),
-                                 int(d.get("generation", 0)), bool(d.get("batch_tuned_by_job", False)))
-                for name, d in data.items()
-            }
-        )
+        """Inverse of ``to_dict``; every allocation must carry its ``gpus``, ``global_batch`` and ``lr``."""
+        allocations = {}
+        for name, d in data.items():
+            missing = [k for k in ("gpus", "global_batch", "lr") if k not in d]
+            if missing:
+                raise ValueError(f"allocation of {name}: missing {', '.join(missing)}")
+            allocations[name] = Allocation(name, tuple(d["gpus"]), int(d["global_batch"]), d["lr"],
+                                           batch_tuned_by_job=bool(d.get("batch_tuned_by_job", False)))
+        return cls(allocations)
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,16 @@
-"""Dagster resources: the environment (``resources/<env>.yaml``) and a small MLflow resource.
+"""Dagster resources: the environment (``resources/<env>.yaml``), the MLflow store, the slot inventory.
 
-No ``from __future__ import annotations`` here: Dagster resolves resource and config annotations at
-runtime.
+The step launchers are resources too (``defs/launchers.py``). ``definitions.py`` builds all of them
+from the environment. No ``from __future__ import annotations`` here: Dagster resolves resource and
+config annotations at runtime.
 """
 
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import dagster as dg
 
+from ones_pipeline.adapters.inventory import Inventory, inventory_source
 from ones_pipeline.config import EnvConfig, load_env
 
 
@@ -19,7 +20,7 @@ def _load(project_dir: str, env: str, mtime: float) -> EnvConfig:
 
 
 class OnesEnvResource(dg.ConfigurableResource):
-    """Where the project lives and which environment file of it is in force."""
+    """Where the project lives and which environment file of it is in force (re-read when it changes)."""
 
     project_dir: str
     env: str = "local"
@@ -33,7 +34,8 @@ class OnesEnvResource(dg.ConfigurableResource):
 class MlflowResource(dg.ConfigurableResource):
     """The MLflow store the training steps log to and the scheduler reads progress from.
 
-    ``tracking_uri`` may come from an environment variable (``dg.EnvVar``) when it carries credentials.
+    ``tracking_uri`` comes from an environment variable (``dg.EnvVar``) when the environment names one
+    (``mlflow.tracking_uri_env``: it carries credentials), else from ``EnvConfig.tracking_uri()``.
     """
 
     tracking_uri: str
@@ -42,13 +44,8 @@ class MlflowResource(dg.ConfigurableResource):
     def step_env(self) -> dict:
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_EXPERIMENT_NAME": self.experiment}
 
-    def ensure(self) -> str:
-        from ones_pipeline.adapters.mlflow_tracker import ensure_store
-
-        return ensure_store(self.tracking_uri, self.experiment)
-
     def progress(self, jobs):
-        from ones_pipeline.adapters.mlflow_tracker import read_progress
+        from ones_pipeline.adapters.mlflow import read_progress
 
         return read_progress(self.tracking_uri, self.experiment, jobs)
 
@@ -60,18 +57,23 @@ class MlflowResource(dg.ConfigurableResource):
 
     def run_link(self, run_id: str, experiment_id: str | None = None):
         """A URL into the MLflow UI for a server store; for sqlite, how to open it."""
-        if self.tracking_uri.startswith(("http://", "https://")):
-            base = self.tracking_uri.rstrip("/")
-            return dg.MetadataValue.url(f"{base}/#/experiments/{experiment_id or '0'}/runs/{run_id}")
-        return dg.MetadataValue.text(f"run {run_id} in {self.tracking_uri} "
-                                     f"(mlflow ui --backend-store-uri {self.tracking_uri})")
+        from ones_pipeline.adapters.mlflow import run_link
+
+        link = run_link(self.tracking_uri, run_id, experiment_id)
+        return dg.MetadataValue.url(link) if link.startswith(("http://", "https://")) else dg.MetadataValue.text(link)
+
+
+class InventoryResource(dg.ConfigurableResource):
+    """The slots (nodes and devices) the scheduler may use, from ``resources/<env>.yaml``'s ``cluster``
+    section: NVML GPUs or configured CPU slots (``adapters.inventory``). Call ``discover`` once per tick."""
+
+    ones_env: OnesEnvResource
+
+    def discover(self) -> Inventory:
+        return inventory_source(self.ones_env.config().cluster).discover()
 
 
 def mlflow_resource_for(env: EnvConfig) -> MlflowResource:
     if env.mlflow.tracking_uri_env:
         return MlflowResource(tracking_uri=dg.EnvVar(env.mlflow.tracking_uri_env), experiment=env.mlflow.experiment)
     return MlflowResource(tracking_uri=env.tracking_uri(), experiment=env.mlflow.experiment)
-
-
-def project_dir_from_env() -> str:
-    return str(Path(os.environ.get("ONES_PROJECT_DIR") or os.getcwd()).resolve())

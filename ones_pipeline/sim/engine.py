@@ -29,14 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ones_pipeline.core.goodput import job_batch
-from ones_pipeline.core.policy import Policy
+from ones_pipeline.core.policies import Policy
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
+    JobSpec,
     JobStatus,
     JobView,
     Schedule,
     ThroughputObs,
+    lr_for_batch,
 )
 from ones_pipeline.sim.truth import SimJob
 
@@ -210,7 +212,7 @@ def _retune(job: _Running, cluster: Cluster) -> None:
     job.tuned = (micro, accum)
     batch = alloc.num_gpus * micro * (accum + 1)
     if batch != alloc.global_batch:
-        job.alloc = replace(alloc, global_batch=batch)
+        job.alloc = replace(alloc, global_batch=batch, lr=lr_for_batch(job.spec, batch))
 
 
 def simulate(
@@ -258,78 +260,11 @@ def simulate(
             if jobs[next_arrival].spec.submit_time_s > now:
                 now += interval
             continue
-
-        # 1. decide
-        views = [r.view() for r in active]
-        t0 = _time.perf_counter()
-        new_schedule = policy.decide(now, cluster, views, schedule)
-        decide_s.append(_time.perf_counter() - t0)
-        active_names = {r.spec.name for r in active}
-        unknown = set(new_schedule.allocations) - active_names
-        if unknown:
-            raise RuntimeError(f"policy {policy.name} allocated GPUs to inactive jobs {sorted(unknown)[:5]}")
-        try:
-            new_schedule.validate(cluster, specs)
-        except ValueError as exc:
-            raise RuntimeError(f"policy {policy.name} returned an infeasible schedule at t={now}: {exc}") from exc
-
-        # 2. apply: changed allocations pay the restart cost
-        for r in active:
-            old, new = r.alloc, new_schedule.allocations.get(r.spec.name)
-            if old is not None and new is not None and old.gpus == new.gpus and (
-                    old.global_batch == new.global_batch or (old.batch_tuned_by_job and new.batch_tuned_by_job)):
-                if new.batch_tuned_by_job:
-                    _retune(r, cluster)  # re-tuned at every round (what it measured last round is in)
-                else:
-                    r.alloc = new
-                continue
-            if old is None and new is None:
-                continue
-            if new is not None:
-                if r.record.first_start_s is None:
-                    r.record.first_start_s = now
-                else:  # a resize, a move, or a resume after preemption
-                    r.record.restarts += 1
-                cost = config.restart_cost_for(r.spec.model, r.truth.restart_cost_s)
-                r.blocked_until = now + cost
-                r.status = JobStatus.RUNNING
-                r.max_gpus_seen = max(r.max_gpus_seen, new.num_gpus)
-            else:
-                r.status = JobStatus.PAUSED
-            r.alloc = new
-            _retune(r, cluster)
-            r.last_change_s = now
-            r.epochs_at_change = r.samples / r.spec.dataset_size
-            timeline.append((now, r.spec.name, new.num_gpus if new else 0))
-        schedule = Schedule({r.spec.name: r.alloc for r in active if r.alloc is not None})
-
-        # 3. advance every running job to the end of the round
+        new_schedule = _decide(policy, now, cluster, active, schedule, specs, decide_s)
+        _apply(active, new_schedule, now, cluster, config, timeline)
         end = now + interval
-        still: list[_Running] = []
-        done: list[str] = []
-        for r in active:
-            if r.alloc is None:
-                still.append(r)
-                continue
-            start = max(now, r.blocked_until)
-            held_until = _advance(r, cluster, start, end, config) if start < end else end
-            held = held_until - now
-            n = r.alloc.num_gpus
-            r.record.gpu_s += n * held
-            r.record.run_s += held
-            r.attained_gpu_s += n * held
-            busy_gpu_s += n * held
-            if r.progress >= r.truth.total_progress * (1 - 1e-12):
-                r.record.finish_s = held_until
-                r.record.samples = r.samples
-                r.record.max_gpus = r.max_gpus_seen
-                r.status = JobStatus.FINISHED
-                timeline.append((held_until, r.spec.name, 0))
-                finished += 1
-                done.append(r.spec.name)
-            else:
-                still.append(r)
-        active = still
+        active, done, busy_gpu_s = _run_round(active, now, end, cluster, config, timeline, busy_gpu_s)
+        finished += done
         schedule = Schedule({r.spec.name: r.alloc for r in active if r.alloc is not None})
         now = end
         if on_round is not None:
@@ -338,6 +273,89 @@ def simulate(
     records = [r.record for r in jobs]
     makespan = max(r.finish_s for r in records)
     return SimResult(policy.name, cluster, records, timeline, makespan, busy_gpu_s, decide_s)
+
+
+def _decide(policy: Policy, now: float, cluster: Cluster, active: Sequence[_Running], schedule: Schedule,
+            specs: Mapping[str, JobSpec], decide_s: list[float]) -> Schedule:
+    """The policy's schedule for this round (its wall time appended to ``decide_s``), checked: only active
+    jobs, no GPU twice, caps respected; RuntimeError otherwise."""
+    views = [r.view() for r in active]
+    t0 = _time.perf_counter()
+    new_schedule = policy.decide(now, cluster, views, schedule)
+    decide_s.append(_time.perf_counter() - t0)
+    active_names = {r.spec.name for r in active}
+    unknown = set(new_schedule.allocations) - active_names
+    if unknown:
+        raise RuntimeError(f"policy {policy.name} allocated GPUs to inactive jobs {sorted(unknown)[:5]}")
+    try:
+        new_schedule.validate(cluster, specs)
+    except ValueError as exc:
+        raise RuntimeError(f"policy {policy.name} returned an infeasible schedule at t={now}: {exc}") from exc
+    return new_schedule
+
+
+def _apply(active: Sequence[_Running], new_schedule: Schedule, now: float, cluster: Cluster, config: SimConfig,
+           timeline: list[tuple[float, str, int]]) -> None:
+    """Give every active job its new allocation: a changed one (started, resized, moved, preempted) pays
+    the restart cost and is recorded in ``timeline``; a job tuning its own batch re-tunes."""
+    for r in active:
+        old, new = r.alloc, new_schedule.allocations.get(r.spec.name)
+        if old is not None and new is not None and old.gpus == new.gpus and (
+                old.global_batch == new.global_batch or (old.batch_tuned_by_job and new.batch_tuned_by_job)):
+            if new.batch_tuned_by_job:
+                _retune(r, cluster)  # re-tuned at every round (what it measured last round is in)
+            else:
+                r.alloc = new
+            continue
+        if old is None and new is None:
+            continue
+        if new is not None:
+            if r.record.first_start_s is None:
+                r.record.first_start_s = now
+            else:  # a resize, a move, or a resume after preemption
+                r.record.restarts += 1
+            cost = config.restart_cost_for(r.spec.model, r.truth.restart_cost_s)
+            r.blocked_until = now + cost
+            r.status = JobStatus.RUNNING
+            r.max_gpus_seen = max(r.max_gpus_seen, new.num_gpus)
+        else:
+            r.status = JobStatus.PAUSED
+        r.alloc = new
+        _retune(r, cluster)
+        r.last_change_s = now
+        r.epochs_at_change = r.samples / r.spec.dataset_size
+        timeline.append((now, r.spec.name, new.num_gpus if new else 0))
+
+
+def _run_round(active: Sequence[_Running], now: float, end: float, cluster: Cluster, config: SimConfig,
+               timeline: list[tuple[float, str, int]], busy_gpu_s: float) -> tuple[list[_Running], int, float]:
+    """Advance every running job from ``now`` to ``end``: ``(jobs still active, jobs that finished, busy
+    GPU-seconds so far)``, the busy GPU-seconds added job by job to ``busy_gpu_s``; finished jobs are
+    recorded in ``timeline``."""
+    still: list[_Running] = []
+    finished = 0
+    for r in active:
+        if r.alloc is None:
+            still.append(r)
+            continue
+        start = max(now, r.blocked_until)
+        held_until = _advance(r, cluster, start, end, config) if start < end else end
+        held = held_until - now
+        n = r.alloc.num_gpus
+        r.record.gpu_s += n * held
+        r.record.run_s += held
+        r.attained_gpu_s += n * held
+        busy_gpu_s += n * held
+        if r.progress >= r.truth.total_progress * (1 - 1e-12):
+            r.record.finish_s = held_until
+            r.record.samples = r.samples
+            r.record.max_gpus = r.max_gpus_seen
+            r.status = JobStatus.FINISHED
+            timeline.append((held_until, r.spec.name, 0))
+            finished += 1
+        else:
+            still.append(r)
+    return still, finished, busy_gpu_s
 
 
 def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: SimConfig) -> float:

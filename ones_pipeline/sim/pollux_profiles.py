@@ -21,13 +21,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ones_pipeline.sim.csv_fields import Field, integer, number, read_rows
 from ones_pipeline.sim.truth import TraceError
 
 POLLUX_MODELS = ("cifar10", "ncf", "deepspeech2", "bert", "yolov3", "imagenet")
 
-_PLACEMENT_COLS = ("placement", "local_bsz", "step_time", "sync_time")
-_SCALABILITY_COLS = ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time")
-_VALIDATION_COLS = ("progress", "iteration", "metric", "grad_sqr", "grad_var")
+_PLACEMENT_FIELDS = (integer("placement", minimum=1), integer("local_bsz", minimum=1),
+                     number("step_time", low=0, low_open=True), number("sync_time", low=0))
+_SCALABILITY_FIELDS = (integer("num_nodes", minimum=1), integer("num_replicas", minimum=1),
+                       integer("local_bsz", minimum=1), number("step_time", low=0, low_open=True),
+                       number("sync_time", low=0))
+_VALIDATION_FIELDS = (number("progress", low=0), integer("iteration", minimum=0), number("metric"),
+                      number("grad_sqr", low=0), number("grad_var", low=0))
 _VALIDATION_RE = re.compile(r"^validation-(\d+)\.csv$")
 
 # Floors of extrapolated step/sync times, as a fraction of the smallest value measured on that curve.
@@ -63,29 +68,10 @@ PLACEMENT_LOOKUPS = ("average", "rotation")
 POLLUX_MAX_LOCAL_BATCH = {"yolov3": 8}
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    if not path.is_file():
-        raise TraceError(path, "profile file not found")
-    try:
-        df = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise TraceError(path, "empty file") from None
-    except Exception as exc:  # pandas parser errors
-        raise TraceError(path, f"cannot parse CSV: {exc}") from None
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise TraceError(path, f"missing columns {missing}; expected {list(columns)}", field=missing[0])
-    if df.empty:
-        raise TraceError(path, "no data rows")
-    df = df[list(columns)]
-    for col in columns:
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
-        if bad.size:
-            raise TraceError(path, f"non-numeric or non-finite value {df[col].iloc[bad[0]]!r}",
-                             row=int(bad[0]) + 1, field=col)
-        df[col] = values
-    return df
+def _read_csv(path: Path, fields: tuple[Field, ...]) -> pd.DataFrame:
+    """The validated columns ``fields`` of one profile CSV (other columns are ignored)."""
+    rows = read_rows(path, fields, what="profile file", extra_columns=True)
+    return pd.DataFrame([r.values for r in rows], columns=[f.name for f in fields])
 
 
 def _interp(x: float, xs: list[float], ys: list[float]) -> float:
@@ -215,9 +201,7 @@ class PolluxModelProfile:
         self._val_var: list[list[float]] = []
         metric_mins: list[float] = []
         for batch, path in files:
-            df = _read_csv(path, _VALIDATION_COLS).sort_values("progress", kind="stable")
-            if (df["grad_sqr"] < 0).any() or (df["grad_var"] < 0).any():
-                raise TraceError(path, "negative gradient statistics", field="grad_sqr")
+            df = _read_csv(path, _VALIDATION_FIELDS).sort_values("progress", kind="stable")
             self._val_prog.append(df["progress"].tolist())
             self._val_sqr.append(df["grad_sqr"].tolist())
             self._val_var.append(df["grad_var"].tolist())
@@ -253,15 +237,8 @@ class PolluxModelProfile:
         return acc, loss
 
     def _load_step_times(self, folder: Path) -> None:
-        pl = _read_csv(folder / "placements.csv", _PLACEMENT_COLS)
-        sc = _read_csv(folder / "scalability.csv", _SCALABILITY_COLS)
-        for path, df in ((folder / "placements.csv", pl), (folder / "scalability.csv", sc)):
-            bad = np.flatnonzero((df["step_time"] <= 0).to_numpy() | (df["sync_time"] < 0).to_numpy()
-                                 | (df["local_bsz"] < 1).to_numpy())
-            if bad.size:
-                raise TraceError(path, "step_time must be > 0, sync_time >= 0, local_bsz >= 1",
-                                 row=int(bad[0]) + 1, field="step_time")
-        pl = pl.copy()
+        pl = _read_csv(folder / "placements.csv", _PLACEMENT_FIELDS)
+        sc = _read_csv(folder / "scalability.csv", _SCALABILITY_FIELDS)
         pl["key"] = [_placement_key(p) for p in pl["placement"]]
         self.max_local_batch = int(pl["local_bsz"].max())
         self.min_local_batch = int(pl["local_bsz"].min())

@@ -1,8 +1,10 @@
-"""Simulation outputs: per-job tables, summary statistics, comparison table, CSV/JSON and PNG plots."""
+"""Simulation outputs: per-job tables, summary statistics, comparison table, CSV/JSON and PNG plots.
+
+The statistics, tables and plots themselves are the shared ones of :mod:`ones_pipeline.reporting`.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -10,6 +12,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ones_pipeline.reporting import (
+    hours_or_seconds,
+    jct_statistics,
+    plot_gpus_held,
+    text_table,
+    write_csv,
+    write_json,
+)
+from ones_pipeline.reporting import plot_jct_cdf as plot_jct_cdf_of
 from ones_pipeline.sim.engine import SimResult
 
 SUMMARY_KEYS = ("mean_jct_s", "median_jct_s", "p95_jct_s", "p99_jct_s", "mean_wait_s", "makespan_s",
@@ -31,16 +42,12 @@ def jobs_frame(result: SimResult) -> pd.DataFrame:
 
 
 def summarise(result: SimResult) -> dict[str, float]:
-    jct = np.array([j.jct_s for j in result.jobs], dtype=float)
-    wait = np.array([j.wait_s for j in result.jobs], dtype=float)
+    """The keys of :data:`SUMMARY_KEYS` plus ``jobs`` and ``median_decide_ms`` (the policy's decision time)."""
     decide = np.array(result.decide_s) if result.decide_s else np.zeros(1)
     return {
         "jobs": len(result.jobs),
-        "mean_jct_s": float(np.mean(jct)),
-        "median_jct_s": float(np.median(jct)),
-        "p95_jct_s": float(np.percentile(jct, 95)),
-        "p99_jct_s": float(np.percentile(jct, 99)),
-        "mean_wait_s": float(np.mean(wait)),
+        **jct_statistics([j.jct_s for j in result.jobs], percentiles=(95, 99)),
+        "mean_wait_s": float(np.mean(np.array([j.wait_s for j in result.jobs], dtype=float))),
         "makespan_s": float(result.makespan_s),
         "utilisation": float(result.utilisation),
         "restarts": int(sum(j.restarts for j in result.jobs)),
@@ -55,26 +62,20 @@ def comparison_table(summaries: Mapping[str, Mapping[str, float]], baseline: str
     ``Bound.to_dict()``) is given, to the lower bound, which gets a row of its own."""
     base = summaries.get(baseline, {}).get("mean_jct_s")
     low = bound.get("mean_jct_s") if bound else None
-    header = f"{'policy':<11} {'mean JCT':>10} {'vs ' + baseline:>9} " + (f"{'vs bound':>9} " if low else "") + \
-             f"{'median':>9} {'p95':>9} {'p99':>9} {'makespan':>9} {'util':>6} {'restarts':>8}"
-    lines = [header, "-" * len(header)]
+    _h = hours_or_seconds
+    columns = [("policy", "<11"), ("mean JCT", ">10"), ("vs " + baseline, ">9"), *([("vs bound", ">9")] if low else []),
+               ("median", ">9"), ("p95", ">9"), ("p99", ">9"), ("makespan", ">9"), ("util", ">6"), ("restarts", ">8")]
+    rows = []
     for name, s in summaries.items():
         ratio = s["mean_jct_s"] / base if base else math.nan
-        vs_bound = f"{s['mean_jct_s'] / low:>8.2f}x " if low else ""
-        lines.append(
-            f"{name:<11} {_h(s['mean_jct_s']):>10} {ratio:>8.2f}x {vs_bound}{_h(s['median_jct_s']):>9} "
-            f"{_h(s['p95_jct_s']):>9} {_h(s['p99_jct_s']):>9} {_h(s['makespan_s']):>9} "
-            f"{s['utilisation']:>6.1%} {s['restarts']:>8d}"
-        )
+        rows.append([name, _h(s["mean_jct_s"]), f"{ratio:.2f}x", *([f"{s['mean_jct_s'] / low:.2f}x"] if low else []),
+                     _h(s["median_jct_s"]), _h(s["p95_jct_s"]), _h(s["p99_jct_s"]), _h(s["makespan_s"]),
+                     f"{s['utilisation']:.1%}", f"{s['restarts']:d}"])
     if low:
         ratio = low / base if base else math.nan
-        lines.append(f"{'bound':<11} {_h(low):>10} {ratio:>8.2f}x {1.0:>8.2f}x   (lower bound: max of alone "
-                     f"{_h(bound['alone_mean_jct_s'])}, one-server SRPT {_h(bound['srpt_mean_jct_s'])})")
-    return "\n".join(lines)
-
-
-def _h(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}h" if seconds >= 3600 else f"{seconds:.0f}s"
+        rows.append(["bound", _h(low), f"{ratio:.2f}x", f"{1.0:.2f}x", f"  (lower bound: max of alone "
+                     f"{_h(bound['alone_mean_jct_s'])}, one-server SRPT {_h(bound['srpt_mean_jct_s'])})"])
+    return text_table(columns, rows)
 
 
 def gpus_over_time(result: SimResult) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -95,49 +96,17 @@ def gpus_over_time(result: SimResult) -> tuple[np.ndarray, list[str], np.ndarray
 
 
 def plot_jct_cdf(results: Mapping[str, SimResult], path: Path, title: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, res in results.items():
-        jct = np.sort([j.jct_s for j in res.jobs]) / 3600.0
-        ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post",
-                label=f"{name} (mean {np.mean(jct):.2f} h)", lw=2 if name == "ones" else 1.3)
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (hours, log scale)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title(title or "JCT CDF per policy")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """CDF of every policy's JCTs (hours, log scale), ``ones`` drawn thicker."""
+    plot_jct_cdf_of({name: [j.jct_s for j in res.jobs] for name, res in results.items()}, path,
+                    title=title or "JCT CDF per policy", unit="h", log_x=True, highlight="ones")
 
 
 def plot_gpus_over_time(result: SimResult, path: Path) -> None:
     """Stacked area of GPUs held per job over time (the cluster's occupancy, by job)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     times, names, held = gpus_over_time(result)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    if times.size:
-        cmap = plt.get_cmap("tab20")
-        colors = [cmap(i % 20) for i in range(len(names))]
-        ax.stackplot(times / 3600.0, held, step="post", colors=colors, linewidth=0)
-    ax.axhline(result.cluster.num_gpus, color="k", lw=0.8, ls="--")
-    ax.set_ylim(0, result.cluster.num_gpus * 1.05)
-    ax.set_xlabel("time (hours)")
-    ax.set_ylabel("GPUs held (one colour per job)")
-    ax.set_title(f"{result.policy}: GPUs held over time ({len(names)} jobs, {result.cluster.num_gpus} GPUs, "
-                 f"utilisation {result.utilisation:.0%})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_gpus_held(times, names, held, result.cluster.num_gpus, path,
+                   title=f"{result.policy}: GPUs held over time ({len(names)} jobs, {result.cluster.num_gpus} "
+                         f"GPUs, utilisation {result.utilisation:.0%})")
 
 
 def write_outputs(results: Mapping[str, SimResult], out_dir: Path, meta: Mapping | None = None,
@@ -148,7 +117,7 @@ def write_outputs(results: Mapping[str, SimResult], out_dir: Path, meta: Mapping
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = {name: summarise(res) for name, res in results.items()}
     for name, res in results.items():
-        jobs_frame(res).to_csv(out_dir / f"jobs-{name}.csv", index=False)
+        write_csv(out_dir / f"jobs-{name}.csv", jobs_frame(res))
         plot_gpus_over_time(res, out_dir / f"gpus-{name}.png")
     plot_jct_cdf(results, out_dir / "jct_cdf.png", title=title)
     if bound:
@@ -157,5 +126,5 @@ def write_outputs(results: Mapping[str, SimResult], out_dir: Path, meta: Mapping
     payload = {"meta": dict(meta or {}), "policies": summaries}
     if bound:
         payload["bound"] = dict(bound)
-    (out_dir / "summary.json").write_text(json.dumps(payload, indent=2, sort_keys=False))
+    write_json(out_dir / "summary.json", payload)
     return summaries

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 import time
@@ -11,14 +10,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.core.policy import make_policy
+from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.csv_fields import read_header
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob, TraceError
 
 POLLUX_COLUMNS = {"name", "time", "application", "num_replicas", "batch_size"}
 ONES_COLUMNS = {"time", "model", "task", "epoch_size", "patience", "batch_size", "lr", "max_lr", "target_acc",
                 "num_gpus"}
+DEFAULT_CLUSTER = (64, 4)  # GPUs, GPUs per node
 ALL_POLICIES = ("ones", "ones-paper", "fifo", "tiresias", "optimus", "pollux", "sia")
 
 
@@ -55,8 +56,9 @@ class WorkloadSpec:
                                restart_cost_s=self.restart_cost_s)
 
     def default_cluster(self) -> tuple[int, int]:
-        """(GPUs, GPUs per node): 16 nodes x 4 for Pollux workloads, 64 GPUs x 4 per node for ONES."""
-        return 64, 4
+        """(GPUs, GPUs per node): 64 x 4 for both kinds (16 nodes of 4, as the Pollux authors' simulator
+        and the ONES paper's 64-GPU cluster)."""
+        return DEFAULT_CLUSTER
 
 
 def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restart_cost_s: float = 30.0,
@@ -82,11 +84,7 @@ def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restar
         raise TraceError(path, f"file not found; a workload is {packaged.allowed_text()}")
     if profiles is not None:
         profiles = packaged.check_profiles_dir(profiles)
-    with path.open(newline="") as fh:
-        header = next(csv.reader(fh), None)
-    if not header:
-        raise TraceError(path, "empty file: expected a CSV header")
-    cols = {h.strip() for h in header}
+    cols = set(read_header(path, what="workload file"))
     if cols == POLLUX_COLUMNS:
         if profiles is None:
             profiles = packaged.profiles_dir() if name else packaged.default_profiles_for(path)

@@ -7,10 +7,10 @@ Standalone (no Dagster needed)::
 
 or ``--spec job.json`` (JobSpec fields; ``stopping`` as an object). Under Dagster Pipes (the
 ``DAGSTER_PIPES_CONTEXT`` variable is set, e.g. by ``PipesSubprocessClient``) the allocation comes from
-the Pipes extras instead (``spec`` as an object, ``slots``, ``gpus``, ``global_batch``, ``lr``,
-``generation``, ``state_dir``, ``tracking_uri``, ``experiment``, ``grace_period_s``, ``seed``; missing
-ones fall back to the command line), and a finished job reports an asset materialization with its final
-accuracy, samples, epochs and restarts. Exit 0 when the job finished or was stopped cleanly with a
+the Pipes extras instead (``allocation``: the scheduler's ``RunAllocation`` as JSON; ``state_dir``,
+``tracking_uri``, ``experiment``, ``grace_period_s``, ``seed``, ``in_container``; missing ones fall back
+to the command line), and a finished job reports an asset materialization with its final accuracy,
+samples, epochs, restarts and MLflow run id. Exit 0 when the job finished or was stopped cleanly with a
 checkpoint; 2 on bad input (nothing started, nothing written); 1 on a failure.
 """
 
@@ -19,18 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
+from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule, batch_and_lr
+from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import spec_from_json
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(state_dir_required: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ones_pipeline.train", description=__doc__.splitlines()[0])
     src = p.add_argument_group("job (either --spec or the fields below)")
     src.add_argument("--spec", type=Path, help="JSON file with the JobSpec fields")
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     alloc.add_argument("--generation", type=int, default=0)
     alloc.add_argument("--in-container", action="store_true", help="GPUs are renumbered from 0 (Docker)")
     run = p.add_argument_group("run")
-    run.add_argument("--state-dir", type=Path, required=True, help="checkpoints and the MLflow run id")
+    run.add_argument("--state-dir", type=Path, required=state_dir_required, help="checkpoints and the MLflow run id")
     run.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (sqlite:///... or http://...)")
     run.add_argument("--experiment", default="ones")
     run.add_argument("--grace-period", type=float, default=20.0, help="seconds to checkpoint after a stop")
@@ -85,32 +85,42 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
                    base_lr=args.base_lr, max_lr=args.max_lr, requested_gpus=max(args.slots, 1), stopping=stopping)
 
 
-PIPES_KEYS = {"spec", "slots", "gpus", "global_batch", "lr", "generation", "state_dir", "tracking_uri",
-              "experiment", "grace_period_s", "seed", "in_container"}
+PIPES_KEYS = {"allocation", "state_dir", "tracking_uri", "experiment", "grace_period_s", "seed", "in_container"}
+
+
+def allocation_from_args(args: argparse.Namespace) -> RunAllocation:
+    """The allocation the command line describes (batch: per-GPU batch x processes, capped; LR: the core rule)."""
+    spec = spec_from_args(args)
+    gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    slot_ids = gpus or list(range(max(int(args.slots), 0)))
+    if not slot_ids:
+        raise LaunchError(f"job {spec.name}: slots must be >= 1, got {args.slots}")
+    batch = args.global_batch if args.global_batch is not None else batch_and_lr(spec, len(slot_ids))[0]
+    try:
+        return RunAllocation.make(spec, slot_ids, "gpu" if gpus else "cpu", batch, args.generation, lr=args.lr)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = None) -> LaunchRequest:
-    """The launch request from the command line, with Pipes extras (when given) taking precedence."""
+    """The launch request from the Pipes extras when given (the allocation exactly as the scheduler made
+    it), else from the command line."""
     extras = dict(extras or {})
     unknown = set(extras) - PIPES_KEYS
     if unknown:
         raise LaunchError(f"Pipes extras: unknown keys {sorted(unknown)}; allowed: {sorted(PIPES_KEYS)}")
-    if "spec" in extras:
+    if "allocation" in extras:
         try:
-            spec = spec_from_json(json.dumps(extras["spec"]))
-        except (ValueError, TypeError, KeyError) as exc:
-            raise LaunchError(f"Pipes extras: field 'spec' is not a valid job spec: {exc}") from exc
+            allocation = RunAllocation.from_json(extras["allocation"])
+        except (ValueError, TypeError) as exc:
+            raise LaunchError(f"Pipes extras: field 'allocation': {exc}") from None
     else:
-        spec = spec_from_args(args)
-    gpus = extras.get("gpus", [g for g in args.gpus.split(",") if g.strip()])
+        allocation = allocation_from_args(args)
     state_dir = extras.get("state_dir", args.state_dir)
     if state_dir is None:
         raise LaunchError("no state directory: give --state-dir or the Pipes extra 'state_dir'")
     return LaunchRequest(
-        spec=spec, state_dir=Path(state_dir), slots=int(extras.get("slots", args.slots)),
-        gpus=tuple(int(g) for g in gpus), global_batch=extras.get("global_batch", args.global_batch),
-        lr=extras.get("lr", args.lr), generation=int(extras.get("generation", args.generation)),
-        tracking_uri=extras.get("tracking_uri", args.tracking_uri),
+        allocation=allocation, state_dir=Path(state_dir), tracking_uri=extras.get("tracking_uri", args.tracking_uri),
         experiment=extras.get("experiment", args.experiment),
         grace_period_s=float(extras.get("grace_period_s", args.grace_period)),
         seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)))
@@ -119,11 +129,11 @@ def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = No
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("ones_pipeline").setLevel(logging.INFO)
-    parser = build_parser()
-    if os.environ.get("DAGSTER_PIPES_CONTEXT"):
-        for action in parser._actions:  # the extras may carry what is otherwise required
-            if action.dest == "state_dir":
-                action.required = False
+    from dagster_pipes import PipesEnvVarParamsLoader
+
+    under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
+    parser = build_parser(state_dir_required=not under_pipes)  # the extras carry it under Pipes
+    if under_pipes:
         return _main_under_pipes(parser.parse_args(argv))
     args = parser.parse_args(argv)
     try:
@@ -143,8 +153,7 @@ def _main_under_pipes(args: argparse.Namespace) -> int:
             pipes.log.error(f"ones train: {exc}")
             print(f"ones train: {exc}", file=sys.stderr)
             return 2
-        pipes.log.info(f"training {req.spec.name} generation {req.generation} on "
-                       f"{len(req.gpus) or req.slots} process(es)")
+        pipes.log.info(f"training {req.allocation.describe()}")
         code = launch(req)
         result_file = req.state_dir / "result.json"
         if code == 0 and result_file.exists():
@@ -152,7 +161,7 @@ def _main_under_pipes(args: argparse.Namespace) -> int:
             pipes.report_asset_materialization(metadata={
                 "accuracy": result.get("accuracy"), "samples": result.get("samples"),
                 "epochs": result.get("epochs"), "restarts": result.get("restarts"),
-                "generation": req.generation})
+                "generation": req.allocation.generation, "mlflow_run_id": result.get("mlflow_run_id") or ""})
         elif code == 0:
             pipes.log.info(f"{req.spec.name}: stopped with a checkpoint; it resumes on its next allocation")
         return code

@@ -1,22 +1,26 @@
 """The small API every training process uses: built-in workloads and users' own scripts alike.
 
-A launcher (``ones_pipeline.train.launcher``) starts one process per assigned slot with the allocation
-in environment variables (``ONES_*``, see ``Allocation.from_env``). In each process::
+A launcher (``ones_pipeline.train.launcher``) starts one process per assigned slot with its placement in
+environment variables (``ONES_*``: ``Placement.to_env`` writes them, ``Placement.from_env`` reads them).
+In each process::
 
-    with TrainingSession.from_env() as session:
-        model = session.prepare(model, optimizer)         # restores the checkpoint, wraps DDP
-        for batch_idx in session.batches():                # elastic, resumable data order
-            x, y = train_x[batch_idx], train_y[batch_idx]
-            loss = loss_fn(model(x), y) * session.loss_scale(len(batch_idx))
+    with TrainingSession.from_env(dataset_size=len(train_x)) as session:
+        model = session.prepare(model, optimizer)          # restores the checkpoint, opens the MLflow run, wraps DDP
+        for batch_idx in session.batches():                 # elastic, resumable data order
+            x, y = train_x[batch_idx], train_y[batch_idx]   # this rank's share; may be empty
+            loss = loss_fn(model(x), y, reduction="sum") * session.loss_scale()
             ...backward, optimizer.step()...
-            session.step_done(loss=...)                    # throughput, LR warm-up, stop requests
+            session.step_done(loss=...)                     # throughput, LR warm-up, stop requests
             if session.epoch_ended:
-                session.end_epoch(accuracy=..., loss=...)  # evaluation, stopping rule, checkpoint
+                session.end_epoch(accuracy=..., loss=...)   # the script's evaluation: stopping rule, checkpoint
 
+The loss is summed over the rank's samples and ``loss_scale()`` weights it so that DDP's gradient average
+is the gradient of the mean loss over the step's global batch, also for the short last batch of an epoch.
 The session counts progress in samples, so a restart with another number of processes or another
 global batch continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the
-launcher's stop file, or the launcher's disappearance) is agreed on by all ranks at the next step boundary: rank 0
-writes a checkpoint and ends the MLflow run as KILLED; ``batches()`` then ends and ``stopped`` is True.
+launcher's stop file, or the launcher's disappearance) is agreed on by all ranks at the next step boundary
+(at an epoch's end, after ``end_epoch`` has recorded its evaluation): rank 0 writes a checkpoint and ends
+the MLflow run as KILLED; ``batches()`` then ends and ``stopped`` is True.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def system_metrics(gpu: bool) -> dict[str, float]:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                 out[f"system_gpu_{i}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
                 out[f"system_gpu_{i}_memory_mb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-        except Exception:  # no NVML library or driver: CPU metrics only  # noqa: BLE001
+        except Exception:  # no NVML library or driver: CPU metrics only
             pass
     return out
 
@@ -255,7 +259,7 @@ class TrainingSession:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self._model = model
         if self.is_main and self.p.tracking_uri:
-            from ones_pipeline.adapters.mlflow_tracker import JobRun
+            from ones_pipeline.adapters.mlflow import JobRun
 
             run_params = dict(json.loads(spec_to_json(self.spec)))
             run_params.update(params or {})
@@ -278,8 +282,14 @@ class TrainingSession:
             group["lr"] = lr
 
     # -- data ---------------------------------------------------------------------------------------
-    def loss_scale(self, local_count: int) -> float:
-        """Factor for a per-sample-summed loss so DDP's gradient average equals the global batch mean."""
+    def loss_scale(self) -> float:
+        """Factor for this step's loss summed over this rank's samples, so that DDP's gradient average
+        (over ``world_size`` ranks) equals the gradient of the mean loss over the step's global batch.
+
+        That is ``world_size / B``, ``B`` being the samples the step takes across all ranks: the global
+        batch, or fewer at the end of an epoch. It is the same on every rank whatever its share (the sum
+        already counts a rank's samples; an empty share contributes a zero loss).
+        """
         return self.p.world_size / max(self._batch_now, 1)
 
     def batches(self) -> Iterator[np.ndarray]:
@@ -432,7 +442,8 @@ class TrainingSession:
             result = {"job": self.spec.name, "samples": self.progress.samples_done,
                       "epochs": self.progress.samples_done / self.dataset_size,
                       "accuracy": self.progress.accuracies[-1] if self.progress.accuracies else None,
-                      "restarts": self.progress.restarts}
+                      "restarts": self.progress.restarts,
+                      "mlflow_run_id": self._run.run_id if self._run is not None else None}
             tmp = self.p.state_dir / "result.json.tmp"
             tmp.write_text(json.dumps(result))
             os.replace(tmp, self.p.state_dir / "result.json")

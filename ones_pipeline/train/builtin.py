@@ -70,7 +70,7 @@ def main() -> int:
                 loss = sum(p.sum() * 0.0 for p in model.parameters())
                 loss_value = None
             optimizer.zero_grad(set_to_none=True)
-            (loss * session.loss_scale(len(idx_t))).backward()
+            (loss * session.loss_scale()).backward()
             optimizer.step()
             session.step_done(loss=loss_value)
             if session.progress.steps_done % LOG_EVERY_STEPS == 0:

@@ -182,7 +182,7 @@ def load_checkpoint(state_dir: str | os.PathLike, required_keys: Iterable[str] =
             continue
         try:
             state = _load_one(path, required_keys)
-        except Exception as e:  # noqa: BLE001 - any failure to read this file means: try the other one
+        except Exception as e:  # any failure to read this file means: try the other one
             msg = f"{path}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             errors.append(msg)
             fallback = f"falling back to {prev}" if path is latest and prev.exists() else "no other checkpoint"

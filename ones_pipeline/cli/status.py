@@ -1,0 +1,76 @@
+"""``ones status``: one row per job (state, slots, batch, progress, ETA, restarts), from the Dagster
+instance's runs, MLflow's progress and the scheduler's state files."""
+
+from __future__ import annotations
+
+from ones_pipeline.config import EnvConfig, load_job_specs
+
+STATE_OF_RUN = {"QUEUED": "queued", "NOT_STARTED": "queued", "STARTING": "starting", "STARTED": "running",
+                "CANCELING": "preempting", "CANCELED": "paused", "FAILURE": "retrying", "SUCCESS": "finished"}
+STATUS_COLUMNS = ["job", "state", "gpus", "batch", "progress", "eta", "restarts"]
+
+
+def _progress_text(spec, p, total) -> str:
+    epochs = p.epochs_done if p else 0.0
+    if spec and total:
+        return f"{epochs:.1f}/{total / spec.dataset_size:g} ep"
+    if p and p.accuracy_history:
+        return f"{epochs:.1f} ep, acc {p.accuracy_history[-1][1]:.3f}"
+    return f"{epochs:.1f} ep"
+
+
+def job_rows(env: EnvConfig, instance) -> list[dict]:
+    """One row per job in assets/jobs (and finished ones): state, GPUs, batch, progress, ETA, restarts."""
+    from ones_pipeline.adapters.mlflow import read_progress
+    from ones_pipeline.defs.instance import finished_jobs, job_run_infos
+
+    specs, _ = load_job_specs(env.jobs_dir)
+    finished = finished_jobs(instance)
+    runs = job_run_infos(instance)
+    try:
+        progress = read_progress(env.tracking_uri(), env.mlflow.experiment, sorted(set(specs) | finished))
+    except Exception:  # status must work without MLflow
+        progress = {}
+    failed = env.layout.failed()
+    rows = []
+    for job in sorted(set(specs) | finished):
+        rs = sorted((r for r in runs if r.job == job), key=lambda r: (r.generation, r.created_s))
+        latest = rs[-1] if rs else None
+        state = "finished" if job in finished else STATE_OF_RUN.get(latest.status, latest.status.lower()) \
+            if latest else "pending"
+        if job in failed:
+            state = "failed"
+        p = progress.get(job)
+        spec = specs.get(job)
+        total = spec.stopping.total_samples(spec.dataset_size) if spec else None
+        eta = "-"
+        rate = p.metrics.get("samples_per_s") if p else None
+        if state == "running" and total and rate and p:
+            eta = f"{max(total - p.samples_done, 0) / rate:.0f} s"
+        in_flight = latest is not None and latest.in_flight
+        rows.append({"job": job, "state": state,
+                     "gpus": ",".join(map(str, latest.slot_ids)) if in_flight else "-",
+                     "batch": str(latest.global_batch) if in_flight else "-",
+                     "progress": _progress_text(spec, p, total), "eta": eta,
+                     "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),
+                     "generations": len(rs)})
+    return rows
+
+
+def format_table(rows: list[dict], columns: list[str]) -> str:
+    if not rows:
+        return "(no jobs)"
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_status(env: EnvConfig) -> int:
+    from ones_pipeline.defs.instance import open_instance
+
+    with open_instance(env) as instance:
+        print(format_table(job_rows(env, instance), STATUS_COLUMNS))
+    for err in env.layout.read_json(env.layout.spec_errors, []):
+        print(f"skipped spec: {err['message']}")
+    return 0

@@ -1,0 +1,136 @@
+"""Process supervision for ``ones up`` / ``ones run``: start the Dagster daemon (or ``dagster dev``) in its
+own process group, remember its PID in the state directory, stop it and everything under it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ones_pipeline.config import EnvConfig
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+def child_env(env: EnvConfig) -> dict:
+    """The environment of the Dagster processes: where the instance is and which project/env to load."""
+    out = dict(os.environ)
+    out.update({"DAGSTER_HOME": str(env.layout.dagster_home), "ONES_PROJECT_DIR": str(env.project_dir),
+                "ONES_ENV": env.name})
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    return out
+
+
+def _reset_signals() -> None:  # in the child, before exec: a background start may have SIGINT ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def running_dagster(env: EnvConfig) -> int | None:
+    """PID of a Dagster daemon/dev process this project started and that still runs, else None."""
+    try:
+        pid = int(env.layout.pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return pid if proc.is_running() and "dagster" in " ".join(proc.cmdline()) else None
+    except Exception:  # gone, or psutil missing: not running
+        return None
+
+
+def refuse_if_running(env: EnvConfig) -> None:
+    pid = running_dagster(env)
+    if pid is not None:
+        raise AlreadyRunning(f"Dagster is already running for this project (PID {pid}, {env.layout.pidfile}); "
+                             f"stop it first (Ctrl-C in its terminal, or kill -INT -{pid})")
+
+
+def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None) -> subprocess.Popen:
+    refuse_if_running(env)
+    # The child keeps writing to it after this function returns: no context manager.
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115
+    proc = subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
+                            preexec_fn=_reset_signals, stdout=out, stderr=subprocess.STDOUT if out else None)
+    env.layout.pidfile.write_text(f"{proc.pid}\n")
+    return proc
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        import psutil
+
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # psutil missing or the process is gone
+        return []
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 45.0) -> None:
+    """SIGINT to the process group (the daemon, its code server, the run workers and their training
+    steps, which checkpoint), wait up to ``timeout_s`` for all of them, then kill what is left."""
+    if proc.poll() is not None:
+        return
+    children = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    try:
+        import psutil
+
+        alive = [psutil.Process(pid) for pid in children if psutil.pid_exists(pid)]
+        _, alive = psutil.wait_procs(alive, timeout=max(deadline - time.monotonic(), 1.0))
+        children = [p.pid for p in alive]
+    except Exception:  # psutil missing or processes gone
+        pass
+    for pid in children:  # whatever outlived the grace period (e.g. a code server)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def process_cmdlines() -> str:
+    """Every process's command line, joined (what `ones init` checks run ids against); "" without psutil."""
+    try:
+        import psutil
+
+        return " ".join(" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    except Exception:  # without psutil, assume the run workers are gone
+        return ""
+
+
+def dagster_bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def wait_foreground(proc: subprocess.Popen, on_stop) -> int:
+    """Wait for ``proc`` or Ctrl-C/SIGTERM; on a signal call ``on_stop()`` (drain) and stop the process."""
+    stop: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while proc.poll() is None and not stop:
+            time.sleep(0.2)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if proc.poll() is None:
+            print("stopping Dagster: cancelling the running steps (they checkpoint) ...", file=sys.stderr, flush=True)
+            try:
+                on_stop()
+            except Exception as exc:  # stop anyway
+                print(f"could not drain the runs: {exc}", file=sys.stderr)
+            stop_process(proc)
+    return 0 if stop else (proc.returncode or 0)

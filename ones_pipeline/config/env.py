@@ -1,0 +1,274 @@
+"""Environments: ``resources/<env>.yaml`` -> ``EnvConfig`` (cluster, launcher, MLflow, policy, scheduler).
+
+The one place the control plane reads environment variables: ``$ONES_PROJECT_DIR`` and ``$ONES_ENV``
+choose the environment file, and ``mlflow.tracking_uri_env`` names the variable holding a secret
+tracking URI. (The training step's ``ONES_*`` protocol is read only by ``train.api.Placement.from_env``.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ones_pipeline.config.fields import ConfigError, check_keys, get_field, read_yaml
+from ones_pipeline.config.layout import StateLayout
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    gpus: str | tuple[int, ...] = "auto"  # "auto" (NVML, else CPU slots), "none" (CPU slots), or GPU ids
+    cpu_slots: int = 2
+    gpus_per_node: int | None = None
+
+
+@dataclass(frozen=True)
+class DockerConfig:
+    image: str
+    python: str = "python"
+    shm_size: str = "1g"
+    network: str = "none"
+    init: bool = True
+    volumes: tuple[tuple[str, str, str], ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+    user: str | None = None
+    stop_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    kind: str = "subprocess"  # or "docker"
+    grace_period_s: float = 20.0
+    docker: DockerConfig | None = None
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    tracking_uri: str | None = None  # None: sqlite file in the state directory
+    tracking_uri_env: str | None = None  # read the URI (a secret) from this environment variable
+    experiment: str = "ones"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "ones"
+    seed: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    tick_interval_s: int = 15
+    decision_budget_s: float = 2.0  # wall-clock budget of the policy inside one tick
+    max_retries: int = 3  # failed runs of a job before it is marked failed
+    retry_backoff_s: float = 30.0  # doubled after each failure
+    min_run_s: float = 30.0  # a run younger than this keeps its allocation (start-up is not wasted)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str
+    path: Path
+    project_dir: Path
+    jobs_dir: Path
+    state_dir: Path
+    cluster: ClusterConfig = ClusterConfig()
+    launcher: LauncherConfig = LauncherConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    policy: PolicyConfig = PolicyConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @property
+    def layout(self) -> StateLayout:
+        """Every path inside the state directory."""
+        return StateLayout(self.state_dir)
+
+    def tracking_uri(self) -> str:
+        """The MLflow tracking URI in force: ``mlflow.tracking_uri``, the variable ``mlflow.tracking_uri_env``
+        names (read here, the one place), or the sqlite file of the state directory."""
+        if self.mlflow.tracking_uri_env:
+            value = os.environ.get(self.mlflow.tracking_uri_env)
+            if not value:
+                raise ConfigError(self.path, "mlflow.tracking_uri_env",
+                                  f"environment variable {self.mlflow.tracking_uri_env} is not set")
+            return value
+        return self.mlflow.tracking_uri or f"sqlite:///{self.layout.mlflow_db}"
+
+    def job_state_dir(self, job: str) -> Path:
+        return self.layout.job_dir(job)
+
+
+ENV_FIELDS = {"cluster", "launcher", "mlflow", "policy", "scheduler", "state_dir", "jobs_dir"}
+LAUNCHER_KINDS = ("subprocess", "docker")
+ENV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+DOCKER_FIELDS = {"image", "python", "shm_size", "network", "init", "volumes", "environment", "user", "stop_timeout_s"}
+SCHEDULER_FIELDS = {"tick_interval_s", "decision_budget_s", "max_retries", "retry_backoff_s", "min_run_s"}
+
+
+def _expand(text: str, project_dir: Path) -> str:
+    """``{project}``: the project directory; ``{python_prefix}``: the Python installation this runs on
+    (what a host-shim image mounts to run the project's virtualenv inside a container)."""
+    import sys
+
+    return text.replace("{project}", str(project_dir)).replace("{python_prefix}", sys.base_prefix)
+
+
+def _section(path: Path, data: Mapping, key: str) -> Mapping:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, key, f"expected a mapping, got {value!r}")
+    return value
+
+
+def _parse_cluster(path: Path, c: Mapping) -> ClusterConfig:
+    check_keys(path, c, {"gpus", "cpu_slots", "gpus_per_node"}, "cluster.")
+    gpus = c.get("gpus", "auto")
+    if isinstance(gpus, list):
+        if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) \
+                or len(set(gpus)) != len(gpus):
+            raise ConfigError(path, "cluster.gpus", f"expected distinct GPU ids >= 0, got {gpus!r}")
+        gpus = tuple(gpus)
+    elif gpus not in ("auto", "none"):
+        raise ConfigError(path, "cluster.gpus", f"got {gpus!r}; allowed: auto, none, or a list of GPU ids")
+    return ClusterConfig(gpus=gpus, cpu_slots=get_field(path, c, "cpu_slots", int, 2, prefix="cluster.", minimum=1),
+                         gpus_per_node=get_field(path, c, "gpus_per_node", int, prefix="cluster.", minimum=1))
+
+
+def _parse_volumes(path: Path, raw: Any, project_dir: Path) -> tuple[tuple[str, str, str], ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(path, "launcher.docker.volumes", f"expected a list of 'HOST:CONTAINER[:ro|rw]', got {raw!r}")
+    volumes = []
+    for i, v in enumerate(raw):
+        if isinstance(v, str):
+            v = _expand(v, project_dir)
+        parts = v.split(":") if isinstance(v, str) else []
+        if len(parts) == 2:
+            parts.append("ro")
+        if len(parts) != 3 or parts[2] not in ("ro", "rw") or not parts[0] or not parts[1]:
+            raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"expected 'HOST:CONTAINER[:ro|rw]', got {v!r}")
+        host = parts[0] if os.path.isabs(parts[0]) else str(project_dir / parts[0])
+        if not os.path.isabs(parts[1]):
+            raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"container path {parts[1]!r} must be "
+                              "absolute (use {project} for the project directory)")
+        volumes.append((host, parts[1], parts[2]))
+    return tuple(volumes)
+
+
+def _parse_docker(path: Path, d: Mapping, project_dir: Path) -> DockerConfig:
+    check_keys(path, d, DOCKER_FIELDS, "launcher.docker.")
+    env = d.get("environment") or {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(path, "launcher.docker.environment", f"expected a mapping, got {env!r}")
+    for k, v in env.items():
+        if v is None or isinstance(v, (Mapping, list)):
+            raise ConfigError(path, f"launcher.docker.environment.{k}", f"expected a string or number, got {v!r}")
+    pre = "launcher.docker."
+    return DockerConfig(
+        image=get_field(path, d, "image", str, required=True, prefix=pre),
+        python=_expand(get_field(path, d, "python", str, "python", prefix=pre), project_dir),
+        shm_size=str(get_field(path, d, "shm_size", (str, int), "1g", prefix=pre)),
+        network=get_field(path, d, "network", str, "none", prefix=pre),
+        init=get_field(path, d, "init", bool, True, prefix=pre),
+        volumes=_parse_volumes(path, d.get("volumes") or [], project_dir),
+        environment={str(k): str(v) for k, v in env.items()},
+        user=get_field(path, d, "user", str, prefix=pre),
+        stop_timeout_s=get_field(path, d, "stop_timeout_s", float, 30.0, prefix=pre, minimum=0))
+
+
+def _parse_launcher(path: Path, lz: Mapping, project_dir: Path) -> LauncherConfig:
+    check_keys(path, lz, {"kind", "grace_period_s", "docker"}, "launcher.")
+    kind = get_field(path, lz, "kind", str, "subprocess", prefix="launcher.")
+    if kind not in LAUNCHER_KINDS:
+        raise ConfigError(path, "launcher.kind", f"got {kind!r}; allowed: {', '.join(LAUNCHER_KINDS)}")
+    d = _section(path, lz, "docker")
+    docker = _parse_docker(path, d, project_dir) if d or kind == "docker" else None
+    launcher = LauncherConfig(kind=kind, docker=docker, grace_period_s=get_field(
+        path, lz, "grace_period_s", float, 20.0, prefix="launcher.", minimum=1))
+    if docker is not None and docker.stop_timeout_s <= launcher.grace_period_s:
+        raise ConfigError(path, "launcher.docker.stop_timeout_s",
+                          f"{docker.stop_timeout_s:g} must exceed launcher.grace_period_s {launcher.grace_period_s:g} "
+                          "(Docker kills the container when it runs out, before the step could checkpoint)")
+    return launcher
+
+
+def _parse_mlflow(path: Path, m: Mapping) -> MlflowConfig:
+    check_keys(path, m, {"tracking_uri", "tracking_uri_env", "experiment"}, "mlflow.")
+    return MlflowConfig(tracking_uri=get_field(path, m, "tracking_uri", str, prefix="mlflow."),
+                        tracking_uri_env=get_field(path, m, "tracking_uri_env", str, prefix="mlflow."),
+                        experiment=get_field(path, m, "experiment", str, "ones", prefix="mlflow."))
+
+
+def _parse_policy(path: Path, p: Mapping) -> PolicyConfig:
+    check_keys(path, p, {"name", "seed", "params"}, "policy.")
+    from ones_pipeline.core.policies import make_policy, policy_names
+
+    policy = PolicyConfig(name=get_field(path, p, "name", str, "ones", prefix="policy."),
+                          seed=get_field(path, p, "seed", int, 0, prefix="policy.", minimum=0),
+                          params=dict(_section(path, p, "params")))
+    if policy.name not in policy_names():
+        raise ConfigError(path, "policy.name", f"got {policy.name!r}; allowed: {', '.join(policy_names())}")
+    try:
+        make_policy(policy.name, seed=policy.seed, **policy.params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(path, "policy.params", f"not accepted by policy {policy.name!r}: {exc}") from None
+    return policy
+
+
+def _parse_scheduler(path: Path, s: Mapping) -> SchedulerConfig:
+    check_keys(path, s, SCHEDULER_FIELDS, "scheduler.")
+    pre = "scheduler."
+    return SchedulerConfig(
+        tick_interval_s=get_field(path, s, "tick_interval_s", int, 15, prefix=pre, minimum=1),
+        decision_budget_s=get_field(path, s, "decision_budget_s", float, 2.0, prefix=pre, minimum=0.01),
+        max_retries=get_field(path, s, "max_retries", int, 3, prefix=pre, minimum=0),
+        retry_backoff_s=get_field(path, s, "retry_backoff_s", float, 30.0, prefix=pre, minimum=0),
+        min_run_s=get_field(path, s, "min_run_s", float, 30.0, prefix=pre, minimum=0))
+
+
+def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike, name: str) -> EnvConfig:
+    path, project_dir = Path(path), Path(project_dir).resolve()
+    data = data or {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(path, None, f"an environment must be a mapping, got {type(data).__name__}")
+    check_keys(path, data, ENV_FIELDS)
+
+    def _dir(key: str, default: str) -> Path:
+        value = Path(get_field(path, data, key, str, default))
+        return value if value.is_absolute() else project_dir / value
+
+    return EnvConfig(
+        name=name, path=path, project_dir=project_dir, jobs_dir=_dir("jobs_dir", "assets/jobs"),
+        state_dir=_dir("state_dir", ".ones/state"), cluster=_parse_cluster(path, _section(path, data, "cluster")),
+        launcher=_parse_launcher(path, _section(path, data, "launcher"), project_dir),
+        mlflow=_parse_mlflow(path, _section(path, data, "mlflow")),
+        policy=_parse_policy(path, _section(path, data, "policy")),
+        scheduler=_parse_scheduler(path, _section(path, data, "scheduler")))
+
+
+def project_dir_from_environment() -> Path:
+    """``$ONES_PROJECT_DIR``, else the working directory (absolute)."""
+    return Path(os.environ.get("ONES_PROJECT_DIR") or os.getcwd()).resolve()
+
+
+def env_name_from_environment() -> str:
+    """``$ONES_ENV``, else ``local``."""
+    return os.environ.get("ONES_ENV") or "local"
+
+
+def load_env(project_dir: str | os.PathLike | None = None, name: str | None = None) -> EnvConfig:
+    """``resources/<name>.yaml`` of the project (default: ``$ONES_PROJECT_DIR`` or the working directory;
+    name: ``$ONES_ENV`` or ``local``)."""
+    project_dir = Path(project_dir).resolve() if project_dir else project_dir_from_environment()
+    name = name or env_name_from_environment()
+    if not ENV_NAME_RE.match(name):
+        raise ConfigError(project_dir / "resources", None, f"bad environment name {name!r}")
+    path = project_dir / "resources" / f"{name}.yaml"
+    if not path.exists():
+        present = sorted(p.stem for p in (project_dir / "resources").glob("*.yaml"))
+        raise ConfigError(path, None, f"no such environment; present: {', '.join(present) or 'none'}")
+    return parse_env(read_yaml(path), path, project_dir, name)

@@ -1,0 +1,111 @@
+"""``StateLayout``: every file and folder of a project's state directory, named in one place.
+
+    <state_dir>/
+      dagster/            the Dagster instance (DAGSTER_HOME; dagster.yaml written by `ones init`)
+      dagster.pid         the daemon / `dagster dev` process this project started
+      daemon.log          the headless daemon's output (`ones run`)
+      mlflow.db           the default MLflow store (sqlite), mlartifacts/ beside it
+      jobs/<job>/         one job's checkpoints, MLflow run id, result.json
+      scheduler.paused    present while `ones up`/`ones run` drain the runs before Dagster stops
+      failed_jobs.json    jobs the scheduler gave up on, with the reason
+      spec_errors.json    job spec files skipped at the last tick, with the reason
+      decisions.jsonl     one line per scheduling decision
+      report/             the cluster report: jobs.csv, summary.json, jct_cdf.png, allocation.png
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ones_pipeline.core.types import JOB_NAME_RE
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    root: Path
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.root / "dagster"
+
+    @property
+    def instance_yaml(self) -> Path:
+        return self.dagster_home / "dagster.yaml"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.root / "dagster.pid"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "daemon.log"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def job_dir(self, job: str) -> Path:
+        if not JOB_NAME_RE.match(job):  # never a path outside the state directory
+            raise ValueError(f"bad job name {job!r}")
+        return self.jobs_dir / job
+
+    @property
+    def paused(self) -> Path:
+        return self.root / "scheduler.paused"
+
+    @property
+    def failed_jobs(self) -> Path:
+        return self.root / "failed_jobs.json"
+
+    @property
+    def spec_errors(self) -> Path:
+        return self.root / "spec_errors.json"
+
+    @property
+    def decisions(self) -> Path:
+        return self.root / "decisions.jsonl"
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / "report"
+
+    # -- the small JSON files the scheduler writes and the CLI reads ---------------------------------
+    def read_json(self, path: Path, default: Any) -> Any:
+        """``path`` parsed, or ``default`` when it is missing, empty or half-written."""
+        try:
+            text = path.read_text()
+        except OSError:
+            return default
+        try:
+            return json.loads(text) if text.strip() else default
+        except ValueError:
+            return default
+
+    def write_json(self, path: Path, data: Any) -> None:
+        """Atomically (a temporary file renamed over it); a state directory that cannot be written is
+        not a reason to stop scheduling, so OSError is swallowed."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(json.dumps(data))
+            tmp.replace(path)
+        except OSError:
+            pass
+
+    def append_jsonl(self, path: Path, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+
+    def failed(self) -> dict[str, str]:
+        return dict(self.read_json(self.failed_jobs, {}))

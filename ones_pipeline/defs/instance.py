@@ -1,0 +1,116 @@
+"""Operations on the project's Dagster instance: its ``dagster.yaml``, opening it, reading our runs and
+finished partitions, draining runs before Dagster stops, releasing runs a dead daemon left in flight.
+
+Public Dagster APIs only (``dg.DagsterInstance``, ``dg.RunsFilter``, ``dg.DagsterRunStatus``).
+"""
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import dagster as dg
+
+from ones_pipeline.config import ConfigError, EnvConfig
+from ones_pipeline.scheduler.runs import TAG_JOB, TAG_MANAGED, RunInfo, slot_tag
+
+TRAINING_ASSET = "training_job"
+REPORT_ASSET = "cluster_report"
+IN_FLIGHT_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+                      dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+
+
+def instance_yaml(slot_ids: Iterable[int], max_runs: int) -> str:
+    """The instance config: queued runs (at most ``max_runs`` at once, one per slot tag), run monitoring on."""
+    import yaml
+
+    config = {
+        "concurrency": {"runs": {"max_concurrent_runs": int(max_runs),
+                                 "tag_concurrency_limits": [{"key": slot_tag(s), "limit": 1} for s in slot_ids]}},
+        "run_monitoring": {"enabled": True, "start_timeout_seconds": 300, "cancel_timeout_seconds": 180,
+                           "poll_interval_seconds": 30},
+        "telemetry": {"enabled": False},
+    }
+    return "# Written by `ones init` from the cluster inventory; rewritten on every init.\n" + \
+        yaml.safe_dump(config, sort_keys=False)
+
+
+def write_instance_yaml(env: EnvConfig, slot_ids: Iterable[int], max_runs: int) -> Path:
+    path = env.layout.instance_yaml
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(instance_yaml(slot_ids, max_runs))
+    tmp.replace(path)
+    return path
+
+
+def open_instance(env: EnvConfig) -> dg.DagsterInstance:
+    """The project's instance (use as a context manager); ConfigError when ``ones init`` has not run."""
+    home = env.layout.dagster_home
+    if not env.layout.instance_yaml.exists():
+        raise ConfigError(env.layout.instance_yaml, None,
+                          "no Dagster instance yet: run `ones init` (or `ones up`/`ones run`)")
+    return dg.DagsterInstance.from_config(str(home))
+
+
+def job_run_infos(instance: dg.DagsterInstance, job: str | None = None) -> list[RunInfo]:
+    """Every managed training run (of ``job``) the instance knows, with start/end times."""
+    tags = {TAG_MANAGED: "true"}
+    if job is not None:
+        tags[TAG_JOB] = job
+    out = []
+    for rec in instance.get_run_records(dg.RunsFilter(tags=tags)):
+        run = rec.dagster_run
+        info = RunInfo.from_tags(run.run_id, run.status.value, run.tags, rec.create_timestamp.timestamp(),
+                                 rec.start_time, rec.end_time)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def finished_jobs(instance: dg.DagsterInstance) -> set[str]:
+    """Jobs whose ``training_job`` partition is materialized."""
+    return set(instance.get_materialized_partitions(dg.AssetKey(TRAINING_ASSET)))
+
+
+def latest_report_ts(instance: dg.DagsterInstance) -> float:
+    event = instance.get_latest_materialization_event(dg.AssetKey(REPORT_ASSET))
+    return event.timestamp if event else 0.0
+
+
+def drain(env: EnvConfig, instance: dg.DagsterInstance, timeout_s: float | None = None, log=print) -> int:
+    """Before Dagster stops: pause the sensor, cancel every in-flight training run (each step checkpoints
+    and its run ends CANCELED rather than FAILED) and wait for them. Returns how many were cancelled."""
+    env.layout.paused.touch()
+    flt = dg.RunsFilter(statuses=IN_FLIGHT_STATUSES, tags={TAG_MANAGED: "true"})
+    runs = instance.get_runs(flt)
+    for run in runs:
+        if run.status != dg.DagsterRunStatus.CANCELING:
+            try:
+                instance.run_coordinator.cancel_run(run.run_id)
+            except Exception as exc:  # its worker is already gone: nothing to cancel
+                log(f"could not cancel run {run.run_id}: {exc}")
+    import time
+
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else env.launcher.grace_period_s + 20)
+    while instance.get_runs(flt) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(runs)
+
+
+def release_orphaned_runs(instance: dg.DagsterInstance, process_cmdlines: str) -> list[str]:
+    """Mark in-flight training runs whose run worker no longer exists as canceled.
+
+    Dagster's default run launcher cannot check a run worker's health, so a run whose daemon was
+    killed stays STARTED forever, holding its job and its GPU tags. Called before a daemon starts
+    (nothing of ours runs then); a run is orphaned when no process command line (``process_cmdlines``,
+    all of them joined) mentions its id.
+    """
+    statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+    runs = instance.get_runs(dg.RunsFilter(statuses=statuses, tags={TAG_MANAGED: "true"}))
+    released = []
+    for run in runs:
+        if run.run_id in process_cmdlines:
+            continue
+        instance.report_run_canceled(run, message="ones: the daemon that ran it stopped; the job resumes "
+                                                  "from its checkpoint in a new generation")
+        released.append(run.run_id)
+    return released

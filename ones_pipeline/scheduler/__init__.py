@@ -1,0 +1,20 @@
+"""The live scheduler without Dagster: run records and tags, the allocation record, settings, one tick's plan."""
+
+from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.runs import (
+    IN_FLIGHT,
+    TAG_JOB,
+    TAG_MANAGED,
+    Cancel,
+    Decision,
+    Launch,
+    ProgressInfo,
+    RunInfo,
+    TickPlan,
+    slot_tag,
+)
+from ones_pipeline.scheduler.settings import SchedulerSettings
+from ones_pipeline.scheduler.tick import TickInputs, plan_tick
+
+__all__ = ["IN_FLIGHT", "TAG_JOB", "TAG_MANAGED", "Cancel", "Decision", "Launch", "ProgressInfo", "RunAllocation",
+           "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "slot_tag"]

@@ -1,0 +1,169 @@
+"""What the scheduler knows of Dagster runs and what it tells them: run tags, run records, the plan's parts.
+
+No Dagster here: ``defs`` turns Dagster run records into ``RunInfo`` (through the tags below) and the
+plan's ``Launch``/``Cancel`` back into run requests and cancellations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ones_pipeline.core.types import JobSpec, ThroughputObs, spec_to_dict
+from ones_pipeline.scheduler.allocation import RunAllocation
+
+# Run tags (Dagster tag keys: letters, digits, '-', '_', '.', '/').
+TAG_MANAGED = "ones/managed"
+TAG_JOB = "ones/job"
+TAG_GENERATION = "ones/generation"
+TAG_SLOTS = "ones/gpus"  # comma-separated slot ids, e.g. "0,1"
+TAG_BATCH = "ones/global-batch"
+TAG_LR = "ones/lr"
+TAG_REASON = "ones/reason"
+TAG_PREVIOUS = "ones/previous-gpus"
+SLOT_TAG_PREFIX = "ones/gpu-"  # one tag per slot held; dagster.yaml limits each to one run
+
+IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
+ENDED_BAD = ("FAILURE",)
+
+
+def slot_tag(slot_id: int) -> str:
+    return f"{SLOT_TAG_PREFIX}{int(slot_id)}"
+
+
+def spec_hash(spec: JobSpec) -> str:
+    return hashlib.sha256(json.dumps(spec_to_dict(spec), sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the sensor needs of one Dagster run of a training job."""
+
+    run_id: str
+    job: str
+    generation: int
+    slot_ids: tuple[int, ...]
+    status: str  # DagsterRunStatus value
+    global_batch: int = 0
+    lr: float | None = None  # None: the run's tags carry none (the core rule gives it)
+    created_s: float = 0.0
+    start_s: float | None = None
+    end_s: float | None = None
+
+    @classmethod
+    def from_tags(cls, run_id: str, status: str, tags: Mapping[str, str], created_s: float = 0.0,
+                  start_s: float | None = None, end_s: float | None = None) -> RunInfo | None:
+        if tags.get(TAG_MANAGED) != "true" or TAG_JOB not in tags:
+            return None
+        slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
+        lr = float(tags[TAG_LR]) if tags.get(TAG_LR) else None
+        return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
+                   int(tags.get(TAG_BATCH, 0)), lr, created_s, start_s, end_s)
+
+    @property
+    def in_flight(self) -> bool:
+        return self.status in IN_FLIGHT
+
+    def held_s(self, now: float) -> float:
+        """Seconds it held its slots (so far)."""
+        if self.start_s is None:
+            return 0.0
+        return max((self.end_s if self.end_s is not None else now) - self.start_s, 0.0)
+
+
+@dataclass(frozen=True)
+class ProgressInfo:
+    """A job's progress as read from MLflow (``adapters.mlflow.JobProgress`` fits)."""
+
+    samples_done: float = 0.0
+    throughput_obs: tuple[ThroughputObs, ...] = ()
+    loss_history: tuple[tuple[float, float], ...] = ()
+    accuracy_history: tuple[tuple[float, float], ...] = ()
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start ``allocation`` (a new generation of its job) because of ``reason``."""
+
+    allocation: RunAllocation
+    reason: str
+    previous_slot_ids: tuple[int, ...] = ()
+
+    @property
+    def job(self) -> str:
+        return self.allocation.job
+
+    @property
+    def generation(self) -> int:
+        return self.allocation.generation
+
+    @property
+    def slot_ids(self) -> tuple[int, ...]:
+        return self.allocation.slot_ids
+
+    @property
+    def global_batch(self) -> int:
+        return self.allocation.global_batch
+
+    @property
+    def lr(self) -> float:
+        return self.allocation.lr
+
+    @property
+    def run_key(self) -> str:
+        return f"{self.job}-g{self.generation}"
+
+    def tags(self) -> dict[str, str]:
+        tags = {TAG_MANAGED: "true", TAG_JOB: self.job, TAG_GENERATION: str(self.generation),
+                TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch),
+                TAG_LR: repr(float(self.lr)), TAG_REASON: self.reason[:200],
+                TAG_PREVIOUS: ",".join(str(s) for s in self.previous_slot_ids) or "-"}
+        tags.update({slot_tag(s): "1" for s in self.slot_ids})
+        return tags
+
+
+@dataclass(frozen=True)
+class Cancel:
+    run_id: str
+    job: str
+    generation: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One line of the decision log: job, slots before -> after, batch, why."""
+
+    time_s: float
+    job: str
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    global_batch: int
+    reason: str
+
+    def line(self) -> str:
+        def fmt(slots: tuple[int, ...]) -> str:
+            return "[" + ",".join(map(str, slots)) + "]" if slots else "-"
+
+        batch = f" batch {self.global_batch}" if self.after else ""
+        return f"{self.job}: {fmt(self.before)} -> {fmt(self.after)}{batch} ({self.reason})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time_s": self.time_s, "job": self.job, "before": list(self.before), "after": list(self.after),
+                "global_batch": self.global_batch, "reason": self.reason}
+
+
+@dataclass
+class TickPlan:
+    cancels: list[Cancel] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    cursor: dict[str, Any] = field(default_factory=dict)
+    newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason
+    decide_s: float = 0.0  # wall time of the policy
+
+

@@ -1,0 +1,31 @@
+"""``SchedulerSettings``: everything that shapes a tick's plan besides its inputs, as one object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ones_pipeline.config import EnvConfig
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    policy: str = "ones"
+    seed: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
+    max_retries: int = 3  # failed runs of a job before it is marked failed
+    retry_backoff_s: float = 30.0  # doubled after each failure
+    min_hold_s: float = 0.0  # a run younger than this keeps its allocation (its start-up is not wasted)
+
+    @classmethod
+    def from_env(cls, env: EnvConfig) -> SchedulerSettings:
+        """From ``resources/<env>.yaml``; the ONES search gets the tick's decision budget as its time budget
+        unless the policy params set one."""
+        params = dict(env.policy.params)
+        if env.policy.name == "ones":
+            params.setdefault("time_budget_s", env.scheduler.decision_budget_s)
+        s = env.scheduler
+        return cls(policy=env.policy.name, seed=env.policy.seed, params=params, max_retries=s.max_retries,
+                   retry_backoff_s=s.retry_backoff_s, min_hold_s=s.min_run_s)

@@ -1,0 +1,286 @@
+"""One scheduling tick of the live pipeline, without Dagster: what to cancel, what to launch, and why.
+
+The Dagster sensor (``ones_pipeline.defs.sensor``) gathers the inputs (job specs, the runs the instance
+knows, progress read from MLflow, the slot inventory, the cursor), calls ``plan_tick`` and applies the
+plan (cancel runs, request runs, store the cursor). ``plan_tick`` is a pipeline of named steps, in the
+spirit of blox's round loop::
+
+    current schedule from runs -> job views -> decide -> hold young runs -> diff into cancels and starts
+
+The rule "the runs are the truth" lives here:
+
+- the current schedule is the newest in-flight run of each job (its tags name its slots and batch);
+- a job's next generation is one more than the highest generation any of its runs ever had, so a
+  re-evaluated tick produces the same run key and launches nothing twice;
+- the policy state travels in the cursor; losing it costs search quality, never a decision already
+  applied (the runs carry those).
+
+Slots: the policy works on cluster slots ``0..n-1``; ``slot_ids`` maps them onto GPU ids (or CPU slot
+numbers), which is what run tags, ``CUDA_VISIBLE_DEVICES`` and Docker device requests use.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ones_pipeline.core.policies import Policy, make_policy
+from ones_pipeline.core.types import Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, lr_for_batch
+from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
+from ones_pipeline.scheduler.settings import SchedulerSettings
+
+CURSOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TickInputs:
+    """What one tick sees. ``runs``: every managed run the instance knows (any status)."""
+
+    now: float
+    specs: Mapping[str, JobSpec]
+    finished: frozenset[str]
+    runs: Sequence[RunInfo]
+    progress: Mapping[str, ProgressInfo]
+    slot_ids: tuple[int, ...]
+    cluster: Cluster
+    cursor: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "cpu"  # what the slots are: "gpu" or "cpu"
+
+    def __post_init__(self) -> None:
+        if len(self.slot_ids) != self.cluster.num_gpus:
+            raise ValueError(f"{len(self.slot_ids)} slot ids for a cluster of {self.cluster.num_gpus}")
+
+
+@dataclass
+class _State:
+    """The cursor's bookkeeping, carried from tick to tick."""
+
+    submit: dict[str, float]
+    hashes: dict[str, str]
+    failed: dict[str, str]
+    launch_epochs: dict[str, float]
+
+    @classmethod
+    def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
+        return cls(dict(cursor.get("submit", {})), dict(cursor.get("spec_hash", {})), dict(cursor.get("failed", {})),
+                   dict(cursor.get("launch_epochs", {})))
+
+
+@dataclass
+class _Current:
+    """The schedule in force (slot indices) and the run holding each job's allocation."""
+
+    allocations: dict[str, Allocation]
+    runs: dict[str, RunInfo]
+    by_job: dict[str, list[RunInfo]]
+
+
+def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> TickPlan:
+    """Decide one tick: the steps in order, each a function below."""
+    settings = settings or SchedulerSettings()
+    plan = TickPlan()
+    state = _State.from_cursor(inputs.cursor)
+    current = current_schedule(inputs, state, plan)
+    views, spec_changed = job_views(inputs, settings, current, state, plan)
+    in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
+    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
+                                          and inputs.now - r.created_s < settings.min_hold_s})
+    diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan)
+    plan.cursor = _cursor(inputs, policy, state)
+    return plan
+
+
+def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Current:
+    """Each job's newest in-flight run is its allocation; older in-flight runs, runs of finished, removed or
+    failed jobs, and runs on slots outside the inventory are cancelled."""
+    index_of = {s: i for i, s in enumerate(inputs.slot_ids)}
+    by_job: dict[str, list[RunInfo]] = {}
+    for r in inputs.runs:
+        by_job.setdefault(r.job, []).append(r)
+    for rs in by_job.values():
+        rs.sort(key=lambda r: (r.generation, r.created_s))
+    allocations: dict[str, Allocation] = {}
+    runs: dict[str, RunInfo] = {}
+    for job, rs in by_job.items():
+        live = [r for r in rs if r.in_flight]
+        if not live:
+            continue
+        newest = live[-1]
+        for stale in live[:-1]:
+            plan.cancels.append(Cancel(stale.run_id, job, stale.generation, "superseded by a newer generation"))
+        if job in inputs.finished or job not in inputs.specs or job in state.failed:
+            why = "finished" if job in inputs.finished else "spec removed" if job not in inputs.specs else "job failed"
+            plan.cancels.append(Cancel(newest.run_id, job, newest.generation, why))
+            continue
+        slots = [index_of[s] for s in newest.slot_ids if s in index_of]
+        if len(slots) != len(newest.slot_ids) or not slots:
+            plan.cancels.append(Cancel(newest.run_id, job, newest.generation, "holds slots outside the inventory"))
+            continue
+        batch = max(newest.global_batch, 1)
+        lr = newest.lr if newest.lr is not None and 0 < newest.lr < math.inf else lr_for_batch(inputs.specs[job], batch)
+        allocations[job] = Allocation(job, tuple(slots), batch, lr)
+        runs[job] = newest
+    return _Current(allocations, runs, by_job)
+
+
+def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current, state: _State,
+              plan: TickPlan) -> tuple[list[JobView], set[str]]:
+    """The policy's view of every active job (submitted, not finished, not failed, not backing off after a
+    failure), and the running jobs whose spec file changed."""
+    views: list[JobView] = []
+    spec_changed: set[str] = set()
+    for job, spec in inputs.specs.items():
+        if job in inputs.finished or job in state.failed:
+            continue
+        state.submit.setdefault(job, inputs.now)
+        h = spec_hash(spec)
+        if state.hashes.get(job) not in (None, h) and job in current.allocations:
+            spec_changed.add(job)
+        state.hashes[job] = h
+        rs = current.by_job.get(job, [])
+        if job not in current.allocations and _backing_off(inputs.now, job, rs, settings, state, plan):
+            continue
+        views.append(_view(inputs, job, spec, rs, current, state))
+    return views, spec_changed
+
+
+def _backing_off(now: float, job: str, runs: Sequence[RunInfo], settings: SchedulerSettings, state: _State,
+                 plan: TickPlan) -> bool:
+    """True while a job that failed waits out its backoff, or once its retries are exhausted (marked failed)."""
+    failures = [r for r in runs if r.status in ENDED_BAD]
+    if not failures:
+        return False
+    last = failures[-1]
+    if len(failures) > settings.max_retries:
+        state.failed[job] = (f"{len(failures)} failed runs (last {last.run_id}); retries exhausted "
+                             f"({settings.max_retries})")
+        plan.newly_failed[job] = state.failed[job]
+        return True
+    ended_s = last.end_s or last.created_s
+    return now - ended_s < settings.retry_backoff_s * 2 ** (len(failures) - 1)
+
+
+def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], current: _Current,
+          state: _State) -> JobView:
+    pr = inputs.progress.get(job, ProgressInfo())
+    ran = [r for r in runs if r.start_s is not None]
+    status = JobStatus.RUNNING if job in current.allocations else JobStatus.PAUSED if ran else JobStatus.PENDING
+    cur = current.runs.get(job)
+    now = inputs.now
+    return JobView(
+        spec=spec, status=status, submit_time_s=state.submit[job], samples_done=pr.samples_done,
+        progress_samples=pr.samples_done, throughput_obs=pr.throughput_obs, loss_history=pr.loss_history,
+        accuracy_history=pr.accuracy_history, initial_loss=pr.loss_history[0][1] if pr.loss_history else None,
+        restarts=max(pr.restarts, len(ran) - 1, 0),
+        attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
+        run_time_s=sum(r.held_s(now) for r in ran),
+        last_change_s=(cur.start_s or cur.created_s) if cur else None,
+        epochs_at_last_change=state.launch_epochs.get(job, 0.0),
+        max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0))
+
+
+def _policy(cursor: Mapping[str, Any], settings: SchedulerSettings) -> Policy:
+    """The configured policy, carrying on the search state saved in the cursor when that was made by the
+    same policy with the same (complete, defaults included) parameters and seed."""
+    policy = make_policy(settings.policy, seed=settings.seed, **dict(settings.params))
+    saved = cursor.get("policy")
+    mine = policy.to_dict()
+    if saved and saved.get("name") == mine["name"] and saved.get("seed") == mine["seed"] \
+            and dict(saved.get("params", {})) == dict(mine["params"]):
+        try:
+            policy.load_state(saved.get("state", {}))
+        except (KeyError, TypeError, ValueError):
+            policy = make_policy(settings.policy, seed=settings.seed, **dict(settings.params))  # another version
+    return policy
+
+
+def decide(inputs: TickInputs, settings: SchedulerSettings, current: _Current, views: Sequence[JobView],
+           spec_changed: set[str], plan: TickPlan) -> tuple[Schedule, Schedule, Policy]:
+    """The policy's new schedule, validated; also the schedule handed to it (active jobs whose spec did not
+    change) and the policy (its state goes into the cursor)."""
+    active = {v.name for v in views}
+    in_force = Schedule({j: a for j, a in current.allocations.items() if j in active and j not in spec_changed})
+    policy = _policy(inputs.cursor, settings)
+    t0 = time.perf_counter()
+    new = policy.decide(inputs.now, inputs.cluster, views, in_force) if views else Schedule({})
+    plan.decide_s = time.perf_counter() - t0
+    new.validate(inputs.cluster, {v.name: v.spec for v in views})
+    return in_force, new, policy
+
+
+def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInfo]) -> Schedule:
+    """``new`` with the young runs' jobs kept as they are, and any job whose new allocation needs their
+    slots kept as it is too (transitively), so the result stays free of double-booking."""
+    held = {j for j in young if new.gpus_of(j) != current.gpus_of(j)
+            or (j in new.allocations and new.allocations[j].global_batch != current.allocations[j].global_batch)}
+    while True:
+        taken = {g for j in held for g in current.gpus_of(j)}
+        more = {j for j, a in new.allocations.items() if j not in held and taken.intersection(a.gpus)}
+        if not more:
+            break
+        held |= more
+    allocations = {j: a for j, a in new.allocations.items() if j not in held}
+    allocations.update({j: current.allocations[j] for j in held if j in current.allocations})
+    return Schedule(allocations)
+
+
+def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_changed: bool) -> str:
+    if spec_changed and before:
+        return "spec changed: restart with the new spec"
+    if not before and after:
+        return "resume from checkpoint" if resumed else "start"
+    if before and not after:
+        return "preempt (checkpoint, wait for GPUs)"
+    if len(after) > len(before):
+        return f"grow {len(before)} -> {len(after)}"
+    if len(after) < len(before):
+        return f"shrink {len(before)} -> {len(after)}"
+    return "move to other slots"
+
+
+def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
+                                 active: set[str], spec_changed: set[str], state: _State, plan: TickPlan) -> None:
+    """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
+    generation; one decision record per change."""
+    ids = inputs.slot_ids
+    for job in sorted(set(current.allocations) | set(new.allocations)):
+        if job not in active:
+            continue
+        before, after = current.allocations.get(job), new.allocations.get(job)
+        before_ids = tuple(ids[i] for i in before.gpus) if before else ()
+        after_ids = tuple(ids[i] for i in after.gpus) if after else ()
+        changed = job in spec_changed or before_ids != after_ids or (
+            before is not None and after is not None and before.global_batch != after.global_batch)
+        if not changed:
+            continue
+        reason = _describe(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
+        if before is not None:
+            run = current.runs[job]
+            plan.cancels.append(Cancel(run.run_id, job, run.generation, reason))
+        batch = 0
+        if after is not None:
+            spec = inputs.specs[job]
+            batch = min(int(after.global_batch), spec.global_batch_cap)
+            generation = max((r.generation for r in current.by_job.get(job, [])), default=-1) + 1
+            allocation = RunAllocation.make(spec, after_ids, inputs.device, batch, generation, state.submit[job],
+                                            lr=after.lr if batch == after.global_batch else None)
+            plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
+            pr = inputs.progress.get(job)
+            state.launch_epochs[job] = (pr.samples_done / spec.dataset_size) if pr else 0.0
+        plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason))
+
+
+def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]:
+    live_jobs = set(inputs.specs) | set(inputs.finished)
+    return {
+        "version": CURSOR_VERSION,
+        "policy": policy.to_dict(),
+        "submit": {j: t for j, t in state.submit.items() if j in live_jobs},
+        "spec_hash": {j: h for j, h in state.hashes.items() if j in inputs.specs},
+        "failed": state.failed,
+        "launch_epochs": {j: e for j, e in state.launch_epochs.items() if j in inputs.specs},
+    }

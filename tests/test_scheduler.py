@@ -1,0 +1,111 @@
+"""plan_tick without Dagster: the schedule comes from the runs, generations and run keys, young runs held;
+the allocation record is validated where it is made and round-trips through JSON."""
+
+import json
+
+import pytest
+
+from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule, lr_for_batch
+from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
+
+
+def spec(name, epochs=50.0, max_gpus=2):
+    return JobSpec(name=name, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05, max_lr=0.2,
+                   max_gpus=max_gpus, stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
+
+
+def run(job, gen, slots, status="STARTED", created=0.0, batch=32):
+    tags = Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test").tags()
+    return RunInfo.from_tags(f"{job}-{gen}", status, tags, created_s=created, start_s=created + 1)
+
+
+def plan(specs, runs, now=1000.0, cursor=None, finished=(), **settings):
+    inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=frozenset(finished), runs=runs,
+                        progress={}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {})
+    return plan_tick(inputs, SchedulerSettings(params={"generations": 5}, **settings))
+
+
+def test_generation_follows_every_run_ever_and_stale_runs_are_cancelled():
+    runs = [run("a", 0, [0], "CANCELED"), run("a", 3, [0], "FAILURE", created=10.0),
+            run("b", 0, [1], "QUEUED"), run("b", 1, [1], "STARTED")]
+    p = plan([spec("a"), spec("b")], runs, now=10_000.0, retry_backoff_s=0.0)
+    assert [c.run_id for c in p.cancels if c.reason.startswith("superseded")] == ["b-0"]
+    (launch,) = [item for item in p.launches if item.job == "a"]  # slot 0 is free and the backoff is over
+    assert launch.generation == 4 and launch.run_key == "a-g4"
+
+
+def test_a_young_run_keeps_its_slots_and_blocks_what_would_need_them():
+    """'long' (2000 epochs) holds both slots; 'short' arrives. With min_hold the long job's run, created
+    5 s ago, is left alone; once it is older, the policy may take a slot for 'short'."""
+    long_run = run("long", 0, [0, 1], created=995.0, batch=64)
+    held = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
+    assert not held.cancels and not held.launches
+    free = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
+    assert [c.job for c in free.cancels] == ["long"] and "short" in {x.job for x in free.launches}
+    slots = [s for x in free.launches for s in x.slot_ids]
+    assert len(slots) == len(set(slots))
+
+
+def test_finished_and_removed_jobs_release_their_runs():
+    runs = [run("a", 0, [0]), run("gone", 0, [1])]
+    p = plan([spec("a")], runs, finished={"a"})
+    assert sorted((c.job, c.reason) for c in p.cancels) == [("a", "finished"), ("gone", "spec removed")]
+    assert p.launches == []
+
+
+def test_launches_carry_a_valid_allocation_with_the_core_lr_rule():
+    p = plan([spec("a")], [])
+    (launch,) = p.launches
+    a = launch.allocation
+    assert a.device == "cpu" and a.generation == 0 and a.submit_time_s == 1000.0
+    assert a.lr == lr_for_batch(a.spec, a.global_batch) > 0
+    again = RunAllocation.from_json(a.to_json())
+    assert again == a and json.loads(a.to_json())["spec"]["name"] == "a"
+
+
+def test_a_run_without_an_lr_tag_gets_the_core_rule_not_zero():
+    tags = Launch(RunAllocation.make(spec("a"), [0], "cpu", 32, 0), "test").tags()
+    del tags["ones/lr"]
+    info = RunInfo.from_tags("a-0", "STARTED", tags, created_s=0.0, start_s=1.0)
+    assert info.lr is None
+    p = plan([spec("a")], [info], now=10_000.0)  # Allocation refuses lr 0: this raised before the fallback
+    assert p.cursor["version"] == 1 and {d.job for d in p.decisions} <= {"a"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"slot_ids": ()}, "slot_ids must be distinct"),
+    ({"slot_ids": (0, 0)}, "slot_ids must be distinct"),
+    ({"device": "tpu"}, "allowed: gpu, cpu"),
+    ({"global_batch": 0}, "outside 1.."),
+    ({"global_batch": 10_000}, "outside 1.."),
+    ({"lr": 0.0}, "lr must be a finite number > 0"),
+    ({"lr": float("nan")}, "lr must be a finite number > 0"),
+    ({"generation": -1}, "generation must be"),
+])
+def test_allocation_rejects_bad_values_naming_the_field(change, message):
+    good = dict(spec=spec("a"), slot_ids=(0,), device="cpu", global_batch=32, lr=0.05, generation=0)
+    RunAllocation(**good)
+    with pytest.raises(ValueError, match=message):
+        RunAllocation(**{**good, **change})
+
+
+def test_allocation_from_json_names_missing_fields():
+    data = RunAllocation.make(spec("a"), [0], "cpu", 32, 0).to_dict()
+    del data["lr"]
+    with pytest.raises(ValueError, match="missing field.*lr"):
+        RunAllocation.from_dict(data)
+    with pytest.raises(ValueError, match="not JSON"):
+        RunAllocation.from_json("{")
+
+
+def test_the_policy_state_in_the_cursor_is_carried_on_even_with_partial_params():
+    """The settings name only some parameters ({"generations": 5}); the saved ones are complete. The
+    search state must still be restored (a JSON round trip of the cursor included)."""
+    from ones_pipeline.scheduler.tick import _policy
+
+    first = plan([spec("a"), spec("b")], [])
+    cursor = json.loads(json.dumps(first.cursor))
+    restored = _policy(cursor, SchedulerSettings(params={"generations": 5}))
+    assert restored.to_dict()["state"] == cursor["policy"]["state"] and cursor["policy"]["state"]
+    other = _policy(cursor, SchedulerSettings(params={"generations": 6}))
+    assert other.to_dict()["state"] != cursor["policy"]["state"]  # other parameters: a fresh search

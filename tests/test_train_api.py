@@ -1,0 +1,53 @@
+"""The training session's loss weighting (``TrainingSession.loss_scale``), ranks simulated in one process."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule  # noqa: E402
+from ones_pipeline.train.api import Placement, TrainingSession  # noqa: E402
+
+DATASET_SIZE, GLOBAL_BATCH, WORLD = 9, 7, 4  # steps of 7 (shares 2, 2, 2, 1) and 2 (shares 1, 1, 0, 0)
+
+
+def _session(rank: int, position: int, tmp_path) -> TrainingSession:
+    spec = JobSpec(name="job-a", model="mlp", dataset_size=DATASET_SIZE, per_gpu_batch=2, requested_gpus=WORLD,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=1))
+    placement = Placement(spec=spec, rank=rank, world_size=WORLD, global_batch=GLOBAL_BATCH, lr=0.1,
+                          generation=0, state_dir=tmp_path, tracking_uri=None, experiment="ones")
+    session = TrainingSession(placement, DATASET_SIZE)
+    session.progress.position = position
+    return session
+
+
+@pytest.mark.parametrize("position", [0, 7], ids=["full-uneven-batch", "short-last-batch-with-empty-shares"])
+def test_loss_scale_makes_the_ranks_average_gradient_the_global_batch_mean(position, tmp_path, monkeypatch):
+    monkeypatch.delenv("ONES_STOP_FILE", raising=False)
+    monkeypatch.delenv("ONES_LAUNCHER_PID", raising=False)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(DATASET_SIZE, 3, generator=gen), torch.randn(DATASET_SIZE, generator=gen)
+    w0 = torch.randn(3, generator=gen)
+
+    def summed_loss(idx) -> tuple[torch.Tensor, torch.Tensor]:
+        w = w0.clone().requires_grad_(True)
+        loss = ((x[idx] @ w - y[idx]) ** 2).sum()
+        return w, loss
+
+    per_rank, seen = [], []
+    for rank in range(WORLD):
+        session = _session(rank, position, tmp_path)
+        idx = torch.as_tensor(next(session.batches()), dtype=torch.long)  # this rank's share of the step
+        w, loss = summed_loss(idx)
+        (loss * session.loss_scale()).backward()  # an empty share: a zero loss, still scaled
+        per_rank.append(w.grad)
+        seen.append(idx)
+    ddp_average = torch.stack(per_rank).mean(0)  # what DDP's all-reduce leaves on every rank
+
+    step = torch.cat(seen)
+    assert len(step) == min(GLOBAL_BATCH, DATASET_SIZE - position)
+    assert len({len(i) for i in seen}) > 1  # the shares are uneven
+    w, loss = summed_loss(step)
+    (loss / len(step)).backward()  # the mean over the step's global batch
+    torch.testing.assert_close(ddp_average, w.grad)
