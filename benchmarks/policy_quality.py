@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.reporting import plot_jct_cdf
 from ones_pipeline.sim.bound import lower_bound
@@ -35,7 +36,7 @@ from ones_pipeline.sim.report import summarise
 from ones_pipeline.sim.runner import ALL_POLICIES, WorkloadSpec, run_one
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = Path(os.environ.get("ONES_TRACES", ROOT.parent / "shared" / "traces"))
+TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
 CACHE = ROOT / "out" / "policy_quality"
 PUBLISHED = TRACES / "pollux" / "results-published" / "pollux-1.0.json"
 ORDER = ("pollux", "sia", "ones", "ones-paper", "tiresias", "optimus", "fifo")

@@ -59,8 +59,10 @@ def test_launches_carry_a_valid_allocation_with_the_core_lr_rule():
     a = launch.allocation
     assert a.device == "cpu" and a.generation == 0 and a.submit_time_s == 1000.0
     assert a.lr == lr_for_batch(a.spec, a.global_batch) > 0
-    again = RunAllocation.from_json(a.to_json())
-    assert again == a and json.loads(a.to_json())["spec"]["name"] == "a"
+    text = a.to_json()
+    again = RunAllocation.from_json(text)
+    assert again == a and json.loads(text)["spec"]["name"] == "a"
+    assert again.to_json() is text  # handed on as read, not serialised again
 
 
 def test_a_run_without_an_lr_tag_gets_the_core_rule_not_zero():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
@@ -40,7 +40,7 @@ from ones_pipeline.sim.pollux_profiles import consolidated_placement
 from ones_pipeline.sim.truth import SimJob
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACES = Path(os.environ.get("ONES_TRACES", ROOT.parent / "shared" / "traces"))
+TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
 ONES_DIR = TRACES / "ones_sc21"
 ARTIFACT_MEANS = {"ones": 214.0, "drl": 354.0, "optimus": 453.0, "tiresias": 501.7}  # out/*_profile.csv means
 

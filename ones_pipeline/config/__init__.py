@@ -13,6 +13,7 @@ from ones_pipeline.config.env import (
     load_env,
     parse_env,
     project_dir_from_environment,
+    traces_dir_from_environment,
 )
 from ones_pipeline.config.fields import ConfigError, read_yaml
 from ones_pipeline.config.jobs import (
@@ -30,5 +31,5 @@ __all__ = [
     "BUILTIN_MODELS", "JOB_FIELDS", "ClusterConfig", "ConfigError", "DockerConfig", "EnvConfig", "LauncherConfig",
     "MlflowConfig", "PolicyConfig", "SchedulerConfig", "StateLayout", "job_spec_files", "job_spec_to_yaml_dict",
     "load_env", "load_job_spec", "load_job_specs", "parse_env", "parse_job_spec", "project_dir_from_environment",
-    "read_yaml",
+    "read_yaml", "traces_dir_from_environment",
 ]

@@ -1,8 +1,9 @@
 """Environments: ``resources/<env>.yaml`` -> ``EnvConfig`` (cluster, launcher, MLflow, policy, scheduler).
 
 The one place the control plane reads environment variables: ``$ONES_PROJECT_DIR`` and ``$ONES_ENV``
-choose the environment file, and ``mlflow.tracking_uri_env`` names the variable holding a secret
-tracking URI. (The training step's ``ONES_*`` protocol is read only by ``train.api.Placement.from_env``.)
+choose the environment file, ``mlflow.tracking_uri_env`` names the variable holding a secret tracking
+URI, and ``$ONES_TRACES`` points the offline tooling at the public traces. (The training step's
+``ONES_*`` protocol is read only by ``train.api.Placement.from_env``.)
 """
 
 from __future__ import annotations
@@ -253,6 +254,11 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
 def project_dir_from_environment() -> Path:
     """``$ONES_PROJECT_DIR``, else the working directory (absolute)."""
     return Path(os.environ.get("ONES_PROJECT_DIR") or os.getcwd()).resolve()
+
+
+def traces_dir_from_environment(default: Path) -> Path:
+    """``$ONES_TRACES`` (the public traces, for offline tooling and benchmarks), else ``default``."""
+    return Path(os.environ.get("ONES_TRACES") or default)
 
 
 def env_name_from_environment() -> str:

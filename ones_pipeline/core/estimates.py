@@ -20,19 +20,17 @@ from ones_pipeline.core.types import JobView
 def fitted_params(jobs: Sequence[JobView]) -> tp.ThroughputParams:
     """Throughput parameters of every job, ``(J,)`` fields: each job's own fit, else the mean fit of jobs
     of the same model, else the generic prior."""
-    own = [_fit_cached(tuple(j.throughput_obs)) if j.throughput_obs else None for j in jobs]
-    by_model: dict[str, list[tp.ThroughputParams]] = defaultdict(list)
+    own = [np.asarray(_fit_cached(tuple(j.throughput_obs)), dtype=float) if j.throughput_obs else None
+           for j in jobs]
+    by_model: dict[str, list[np.ndarray]] = defaultdict(list)
     for j, p in zip(jobs, own, strict=False):
         if p is not None:
             by_model[j.spec.model].append(p)
+    model_mean = {model: np.mean(fits, axis=0) for model, fits in by_model.items()}  # once per model
+    default = np.asarray(tp.DEFAULT_PARAMS, dtype=float)
     out = np.empty((len(jobs), tp.N_PARAMS))
     for i, (j, p) in enumerate(zip(jobs, own, strict=False)):
-        if p is not None:
-            out[i] = p
-        elif by_model.get(j.spec.model):
-            out[i] = np.mean(by_model[j.spec.model], axis=0)
-        else:
-            out[i] = tp.DEFAULT_PARAMS
+        out[i] = p if p is not None else model_mean.get(j.spec.model, default)
     return tp.ThroughputParams.from_array(out)
 
 

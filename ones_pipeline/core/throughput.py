@@ -86,10 +86,15 @@ def step_time(params: ThroughputParams, num_gpus, num_nodes, per_gpu_batch, accu
     if not isinstance(params, ThroughputParams):
         raise TypeError(f"params must be ThroughputParams, got {type(params).__name__}")
     c0, c1, s0, s1, x0, x1 = (np.asarray(v, dtype=float) for v in params)
-    f = features(num_gpus, num_nodes, per_gpu_batch, accum_steps)
-    a1, a1_b, multi, multi_n, cross, cross_k = np.moveaxis(f, -1, 0)
-    # The terms summed left to right, in field order: the same floating-point sum as ``features @ params``.
-    step = a1 * c0 + a1_b * c1 + multi * s0 + multi_n * s1 + cross * x0 + cross_k * x1
+    n = np.asarray(num_gpus, dtype=float)
+    k = np.asarray(num_nodes, dtype=float)
+    b = np.asarray(per_gpu_batch, dtype=float)
+    a1 = np.asarray(accum_steps, dtype=float) + 1.0
+    multi = (n > 1).astype(float)
+    cross = (k > 1).astype(float)
+    # The factors of ``features`` times the parameters, summed left to right in field order: the same
+    # floating-point result as ``features @ params``, without building the (..., 6) array.
+    step = a1 * c0 + a1 * b * c1 + multi * s0 + multi * (n - 1) * s1 + cross * x0 + cross * (k - 1) * x1
     return np.maximum(step, MIN_STEP_S)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ones_pipeline.core.types import JobSpec, lr_for_batch, spec_from_dict, spec_to_dict
@@ -28,6 +28,7 @@ class RunAllocation:
     lr: float
     generation: int
     submit_time_s: float = 0.0
+    _json: str | None = field(default=None, init=False, compare=False, repr=False)  # the text it was read from
 
     def __post_init__(self) -> None:
         job = f"job {self.spec.name}"
@@ -82,7 +83,9 @@ class RunAllocation:
                 "submit_time_s": self.submit_time_s}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+        """The JSON text; for a record read with ``from_json``, that very text (it is not serialised again
+        on its way from the run config through the Pipes extras to the step)."""
+        return self._json if self._json is not None else json.dumps(self.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunAllocation:
@@ -108,4 +111,6 @@ class RunAllocation:
             raise ValueError(f"allocation: not JSON ({exc})") from None
         if not isinstance(data, Mapping):
             raise ValueError(f"allocation: expected a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data)
+        allocation = cls.from_dict(data)
+        object.__setattr__(allocation, "_json", text)
+        return allocation

@@ -107,19 +107,24 @@ class Placement:
     gpus: tuple[int, ...] = ()
     num_nodes: int = 1
     seed: int = 0
+    stop_file: Path | None = None  # the launcher's stop request (polled at every step boundary)
+    launcher_pid: int | None = None  # the launcher; ranks stop when it disappears
 
     ENV_PREFIX = "ONES_"
 
-    def to_env(self) -> dict[str, str]:
+    def to_env(self, spec_json: str | None = None) -> dict[str, str]:
+        """The ``ONES_*`` variables; ``spec_json``: the spec already serialised (a launcher does it once for
+        all its ranks)."""
         return {
-            "ONES_SPEC": spec_to_json(self.spec), "ONES_RANK": str(self.rank),
+            "ONES_SPEC": spec_json if spec_json is not None else spec_to_json(self.spec), "ONES_RANK": str(self.rank),
             "ONES_WORLD_SIZE": str(self.world_size), "ONES_GLOBAL_BATCH": str(self.global_batch),
             "ONES_LR": repr(self.lr), "ONES_GENERATION": str(self.generation),
             "ONES_STATE_DIR": str(self.state_dir), "ONES_TRACKING_URI": self.tracking_uri or "",
             "ONES_EXPERIMENT": self.experiment, "ONES_MASTER_ADDR": self.master_addr,
             "ONES_MASTER_PORT": str(self.master_port), "ONES_DEVICE": self.device,
             "ONES_GPUS": ",".join(str(g) for g in self.gpus), "ONES_NUM_NODES": str(self.num_nodes),
-            "ONES_SEED": str(self.seed),
+            "ONES_SEED": str(self.seed), "ONES_STOP_FILE": str(self.stop_file or ""),
+            "ONES_LAUNCHER_PID": str(self.launcher_pid or ""),
         }
 
     @classmethod
@@ -139,6 +144,8 @@ class Placement:
             experiment=env.get("ONES_EXPERIMENT", "ones"), master_addr=env.get("ONES_MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("ONES_MASTER_PORT", 29500)), device=env.get("ONES_DEVICE", "cpu"),
             gpus=gpus, num_nodes=int(env.get("ONES_NUM_NODES", 1)), seed=int(env.get("ONES_SEED", 0)),
+            stop_file=Path(env["ONES_STOP_FILE"]) if env.get("ONES_STOP_FILE") else None,
+            launcher_pid=int(env.get("ONES_LAUNCHER_PID") or 0) or None,
         )
 
 
@@ -183,8 +190,8 @@ class TrainingSession:
         self._last_ckpt = time.monotonic()
         self._t_step = None
         self._prev_handlers: dict[int, Any] = {}
-        self._stop_file = Path(os.environ["ONES_STOP_FILE"]) if os.environ.get("ONES_STOP_FILE") else None
-        self._launcher_pid = int(os.environ.get("ONES_LAUNCHER_PID", "0")) or None
+        self._stop_file = placement.stop_file
+        self._launcher_pid = placement.launcher_pid
 
     @classmethod
     def from_env(cls, dataset_size: int, **kw) -> TrainingSession:

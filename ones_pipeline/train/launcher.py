@@ -101,12 +101,9 @@ def _start_ranks(req: LaunchRequest, port: int, stop_file: Path) -> list[subproc
             spec=req.spec, rank=rank, world_size=req.world_size, global_batch=alloc.global_batch, lr=alloc.lr,
             generation=alloc.generation, state_dir=Path(req.state_dir), tracking_uri=req.tracking_uri,
             experiment=req.experiment, master_port=port, device="cuda" if alloc.gpus else "cpu",
-            gpus=alloc.gpus, seed=req.seed)
+            gpus=alloc.gpus, seed=req.seed, stop_file=stop_file, launcher_pid=os.getpid())
         env = dict(os.environ)
-        env.update(placement.to_env())
-        env["ONES_SPEC"] = spec_json
-        env["ONES_STOP_FILE"] = str(stop_file)
-        env["ONES_LAUNCHER_PID"] = str(os.getpid())
+        env.update(placement.to_env(spec_json))
         if alloc.gpus and not req.in_container:
             env["CUDA_VISIBLE_DEVICES"] = str(alloc.gpus[rank])
         env.setdefault("OMP_NUM_THREADS", "1")
