@@ -206,30 +206,26 @@ def populate_mlflow(env, runs: list[PastRun], specs, points: int, each: bool = F
 
 # -- (a) the sensor -----------------------------------------------------------------------------------
 def apply_result(instance, result, env, decisions_seen: int) -> int:
-    """What the daemon does with a tick's result: each requested run is created (and started); every run
-    of a job the tick decided about ends CANCELED. Returns the decision-log lines read so far."""
-    from dagster import DagsterRunStatus, RunsFilter
+    """What the daemon does with a tick's result: each requested training run is created (and started);
+    the runs its ``ones_apply`` request cancels end CANCELED (not timed). Returns the number of decisions
+    applied so far."""
+    from dagster import DagsterRunStatus
     from dagster._core.events import DagsterEventType
     from dagster._core.test_utils import create_run_for_test
 
-    from ones_pipeline.scheduler import IN_FLIGHT, TAG_JOB, TAG_MANAGED
-
-    log = env.state_dir / "decisions.jsonl"
-    lines = log.read_text().splitlines() if log.exists() else []
-    changed = {json.loads(line)["job"] for line in lines[decisions_seen:]}
-    changed |= {r.tags[TAG_JOB] for r in result.run_requests or [] if TAG_JOB in r.tags}
     now = time.time()
-    for rec in instance.get_run_records(RunsFilter(tags={TAG_MANAGED: "true"})):
-        run = rec.dagster_run
-        if run.tags.get(TAG_JOB) in changed and run.status.value in IN_FLIGHT:
-            _run_event(instance, run.run_id, DagsterEventType.RUN_CANCELED, now)
+    decisions = 0
     for req in result.run_requests or []:
-        if req.job_name != "train_job":
-            continue
-        run = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED,
-                                  tags={**req.tags, "dagster/partition": req.partition_key})
-        _run_event(instance, run.run_id, DagsterEventType.RUN_START, now)
-    return len(lines)
+        if req.job_name == "ones_apply":
+            plan = json.loads(req.run_config["ops"]["apply_tick"]["config"]["plan"])
+            decisions += len(plan.get("decisions", []))
+            for cancel in plan.get("cancels", []):
+                _run_event(instance, cancel["run_id"], DagsterEventType.RUN_CANCELED, now)
+        elif req.job_name == "train_job":
+            run = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED,
+                                      tags={**req.tags, "dagster/partition": req.partition_key})
+            _run_event(instance, run.run_id, DagsterEventType.RUN_START, now)
+    return decisions_seen + decisions
 
 
 def bench_sensor(defs, instance, env, ticks: int) -> dict:
@@ -250,7 +246,7 @@ def bench_sensor(defs, instance, env, ticks: int) -> dict:
         cursor = result.cursor
         last = json.loads(cursor)["last_tick"]
         decides.append(float(last["decide_s"]))
-        launches.append(len(result.run_requests or []))
+        launches.append(len([r for r in result.run_requests or [] if r.job_name == "train_job"]))
         before = seen
         seen = apply_result(instance, result, env, seen)
         cancels.append(seen - before)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import dagster as dg
 
 from ones_pipeline.config import load_env
+from ones_pipeline.defs.apply import apply_job
 from ones_pipeline.defs.assets import cluster_report, report_job, train_job, training_job
 from ones_pipeline.defs.launchers import StepLauncher, launcher_for
 from ones_pipeline.defs.resources import InventoryResource, OnesEnvResource, mlflow_resource_for
@@ -27,7 +28,7 @@ def build_definitions(project_dir: str | None = None, env_name: str | None = Non
                                                                                          mlflow=mlflow)
     return dg.Definitions(
         assets=[training_job, cluster_report],
-        jobs=[train_job, report_job],
+        jobs=[train_job, report_job, apply_job],
         sensors=[build_scheduler_sensor(env.scheduler.tick_interval_s)],
         resources={"ones_env": ones_env, "mlflow": mlflow, "inventory": InventoryResource(ones_env=ones_env),
                    "launcher": step_launcher},

@@ -46,11 +46,19 @@ def instance():
         yield inst
 
 
-def tick(project, instance, cursor=None):
+def tick(project, instance, cursor=None, commit=True):
+    """One sensor evaluation; ``commit``: then run its ``ones_apply`` request in process, as the daemon
+    does for a committed tick (cancellations, decision log, state files)."""
     defs = build_definitions(str(project))
     sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
     with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources) as ctx:
-        return sensor(ctx)
+        result = sensor(ctx)
+    if commit:
+        for rr in result.run_requests:
+            if rr.job_name == "ones_apply":
+                assert defs.resolve_job_def("ones_apply").execute_in_process(
+                    run_config=rr.run_config, instance=instance, tags=rr.tags).success
+    return result
 
 
 ORIGIN = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
@@ -137,7 +145,7 @@ def test_same_tick_twice_launches_nothing_twice(project, instance):
         later = tick(project, instance, cursor)
         assert [rr.run_key for rr in later.run_requests if rr.job_name == "train_job"
                 and rr.run_key not in keys] == []
-    assert all(r.status == DagsterRunStatus.QUEUED for r in instance.get_runs())
+    assert all(r.status == DagsterRunStatus.QUEUED for r in instance.get_runs() if r.job_name == "train_job")
 
 
 def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(project, instance):
@@ -178,7 +186,8 @@ def test_bad_spec_is_reported_once_and_skipped(project, instance, capfd):
     (project / "assets" / "jobs" / "broken.yaml").write_text("model: gpt-17\nper_gpu_batch: 8\nstopping: {epochs: 1}\n")
     first = tick(project, instance)
     assert sorted(first.dynamic_partitions_requests[0].partition_keys) == ["job-a", "job-b"]
-    assert {rr.partition_key for rr in first.run_requests} <= {"job-a", "job-b"} and first.run_requests
+    train = [rr for rr in first.run_requests if rr.job_name == "train_job"]
+    assert {rr.partition_key for rr in train} <= {"job-a", "job-b"} and train
     errors = json.loads((project / ".ones/state/spec_errors.json").read_text())
     assert len(errors) == 1 and errors[0]["field"] == "model" and "broken.yaml" in errors[0]["file"]
     assert "mlp-digits" in errors[0]["message"]  # the allowed values
@@ -254,3 +263,33 @@ def test_a_step_that_stops_without_finishing_fails_the_run_with_the_reason(proje
                           resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
     failure = next(e for e in done.all_events if e.event_type_value == "STEP_FAILURE")
     assert "bad allocation in the run config" in failure.step_failure_data.error.message
+
+
+def test_the_tick_acts_only_through_its_apply_run(project, instance):
+    """The evaluation itself cancels nothing and writes nothing; the returned ``ones_apply`` run does,
+    and logs why on the cancelled run."""
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    (project / "assets" / "jobs" / "job-b.yaml").unlink()
+    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
+    first = tick(project, instance)
+    (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 12"))
+    state = project / ".ones" / "state"
+    before = sorted(p.name for p in state.rglob("*")) if state.exists() else []
+    decisions_before = (state / "decisions.jsonl").read_text() if (state / "decisions.jsonl").exists() else ""
+    planned = tick(project, instance, first.cursor, commit=False)
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.QUEUED  # nothing cancelled yet
+    assert (sorted(p.name for p in state.rglob("*")) if state.exists() else []) == before
+    assert ((state / "decisions.jsonl").read_text() if (state / "decisions.jsonl").exists() else "") == \
+        decisions_before
+    (apply,) = [rr for rr in planned.run_requests if rr.job_name == "ones_apply"]
+    # The same plan evaluated again (a crash before the cursor was committed) has the same run key: the
+    # daemon would not apply it twice.
+    again = tick(project, instance, first.cursor, commit=False)
+    assert [rr.run_key for rr in again.run_requests if rr.job_name == "ones_apply"] == [apply.run_key]
+    defs = build_definitions(str(project))
+    assert defs.resolve_job_def("ones_apply").execute_in_process(run_config=apply.run_config,
+                                                                 instance=instance).success
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
+    events = [e.message for e in instance.all_logs(run.run_id)]
+    assert any(m.startswith("preempted by ones: spec changed") for m in events), events
+    assert "spec changed" in (state / "decisions.jsonl").read_text().splitlines()[-1]

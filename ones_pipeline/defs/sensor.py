@@ -7,13 +7,15 @@ Each tick (DESIGN.md section 6):
 3. progress (samples, throughput per configuration, loss/accuracy) is read from MLflow, the slots from
    the inventory resource (once);
 4. ``scheduler.plan_tick`` decides (no Dagster in it);
-5. runs whose allocation changes are cancelled (``instance.run_coordinator.cancel_run``: the step
-   checkpoints on SIGINT/SIGTERM);
+5. runs whose allocation changes are to be cancelled: the tick itself acts on nothing (the UI's "Preview
+   tick result" evaluates it for real); it returns one run of ``ones_apply`` (``defs/apply.py``) that
+   cancels them (``instance.run_coordinator.cancel_run``: the step checkpoints on SIGINT/SIGTERM) and
+   writes the decision log and state files, launched by the daemon for committed ticks only;
 6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>`` tag per slot,
    the ``RunAllocation`` as JSON in the run config;
 7. the policy state goes into the cursor.
 Every decision is logged, tagged on the run it creates, recorded as an observation of the job's
-partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl``.
+partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl`` by the apply run.
 
 No ``from __future__ import annotations`` (Dagster resolves resource annotations at runtime).
 """
@@ -25,6 +27,7 @@ import time
 import dagster as dg
 
 from ones_pipeline.config import ConfigError, EnvConfig, load_job_specs
+from ones_pipeline.defs.apply import apply_job, apply_request
 from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JOB_NAME, report_job, train_job
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_jobs, job_run_infos
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
@@ -46,30 +49,26 @@ def _progress(context, mlflow: MlflowResource, jobs) -> dict:
                               restarts=p.restarts) for job, p in raw.items()}
 
 
-def _spec_errors(context, env: EnvConfig, errors: list[ConfigError], reported: set[str]) -> list[str]:
-    """Log each bad spec file once per content; write them for `ones status`; return their keys."""
+def _spec_errors(context, errors: list[ConfigError], reported: set[str]) -> tuple[list[str], list[dict] | None]:
+    """Log each bad spec file once per content; return their keys and, when the set changed since the
+    last committed tick, the new content of ``spec_errors.json`` (else None)."""
     keys = []
     for err in errors:
         key = hashlib.sha256(str(err).encode()).hexdigest()[:12]
         keys.append(key)
         if key not in reported:
             context.log.error(f"skipped job spec: {err}")
-    env.layout.write_json(env.layout.spec_errors,
-                          [{"file": e.path, "field": e.field, "message": str(e)} for e in errors])
-    return keys
+    changed = set(keys) != reported
+    return keys, ([{"file": e.path, "field": e.field, "message": str(e)} for e in errors] if changed else None)
 
 
-def _cancel(context, env: EnvConfig, plan: TickPlan) -> None:
+def _log_plan(context, plan: TickPlan) -> None:
     for c in plan.cancels:
-        context.log.info(f"cancel run {c.run_id} ({c.job} generation {c.generation}): {c.reason}")
-        try:
-            context.instance.run_coordinator.cancel_run(c.run_id)
-        except Exception as exc:  # a run that ended meanwhile
-            context.log.warning(f"could not cancel run {c.run_id}: {exc}")
+        context.log.info(f"plan: cancel run {c.run_id} ({c.job} generation {c.generation}): {c.reason}")
     for job, why in plan.newly_failed.items():
         context.log.error(f"job {job} marked failed: {why}")
-    if plan.newly_failed:
-        env.layout.write_json(env.layout.failed_jobs, plan.cursor["failed"])
+    for d in plan.decisions:
+        context.log.info(f"decision: {d.line()}")
 
 
 def _run_requests(plan: TickPlan) -> list[dg.RunRequest]:
@@ -78,17 +77,22 @@ def _run_requests(plan: TickPlan) -> list[dg.RunRequest]:
                           tags=launch.tags()) for launch in plan.launches]
 
 
-def _record_decisions(context, env: EnvConfig, plan: TickPlan) -> list[dg.AssetObservation]:
-    for d in plan.decisions:
-        context.log.info(f"decision: {d.line()}")
-    env.layout.append_jsonl(env.layout.decisions, [{**d.to_dict(), "policy": env.policy.name,
-                                                    "decide_s": round(plan.decide_s, 4)} for d in plan.decisions])
+def _observations(env: EnvConfig, plan: TickPlan) -> list[dg.AssetObservation]:
     # The daemon stores these before adding partitions; an observation of a partition created in the same
     # tick still shows once the partition exists.
     return [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
         "decision": d.line(), "gpus_before": ",".join(map(str, d.before)) or "-",
         "gpus_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
         "policy": env.policy.name}) for d in plan.decisions]
+
+
+def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None) -> dg.RunRequest | None:
+    cancels = [{"run_id": c.run_id, "job": c.job, "generation": c.generation, "reason": c.reason}
+               for c in plan.cancels]
+    decisions = [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)}
+                 for d in plan.decisions]
+    return apply_request(cancels, decisions, dict(plan.cursor["failed"]) if plan.newly_failed else None,
+                         spec_errors)
 
 
 def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: MlflowResource,
@@ -102,7 +106,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     cursor = json.loads(context.cursor) if context.cursor else {}
     now = time.time()
     specs, errors = load_job_specs(env.jobs_dir)
-    error_keys = _spec_errors(context, env, errors, set(cursor.get("errors", [])))
+    error_keys, spec_errors = _spec_errors(context, errors, set(cursor.get("errors", [])))
     new_keys = sorted(set(specs) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
     runs = job_run_infos(instance)
     finished = finished_jobs(instance)
@@ -111,9 +115,12 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                         progress=_progress(context, mlflow, set(specs) - finished), slot_ids=slots.slot_ids,
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind)
     plan = plan_tick(inputs, SchedulerSettings.from_env(env))
-    _cancel(context, env, plan)
+    _log_plan(context, plan)
     requests = _run_requests(plan)
-    events = _record_decisions(context, env, plan)
+    apply = _apply(env, plan, spec_errors)
+    if apply is not None:
+        requests.insert(0, apply)  # the cancellations first: they free the slots the new runs wait for
+    events = _observations(env, plan)
     active_runs = [r for r in runs if r.in_flight]
     if specs and set(specs) <= finished | set(plan.cursor["failed"]) and not active_runs and not plan.launches:
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]
@@ -124,7 +131,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                                 "tick_s": round(time.perf_counter() - t_start, 4), "jobs": len(specs),
                                 "slots": slots.num_slots, "inventory": slots.reason}
     skip = None
-    if not requests and not plan.cancels:
+    if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
                 f"{len(active_runs)} run(s) in flight")
     return dg.SensorResult(
@@ -133,7 +140,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
 
 
 def build_scheduler_sensor(tick_interval_s: int) -> dg.SensorDefinition:
-    @dg.sensor(name=SENSOR_NAME, jobs=[train_job, report_job], minimum_interval_seconds=int(tick_interval_s),
+    @dg.sensor(name=SENSOR_NAME, jobs=[train_job, report_job, apply_job], minimum_interval_seconds=int(tick_interval_s),
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="ONES: every tick, decide GPUs and batch size for every job; start, resize, preempt runs")
     def ones_scheduler_sensor(context: dg.SensorEvaluationContext, ones_env: OnesEnvResource, mlflow: MlflowResource,

@@ -1,0 +1,92 @@
+"""``ones_apply``: the job that carries out what a scheduler tick decided.
+
+A sensor evaluation must act only through what it returns: the UI's "Preview tick result" runs the
+sensor function for real against the real instance (even with the sensor stopped) and discards only the
+returned run requests. So the tick cancels nothing and writes no file itself. It returns, next to the
+training runs it requests, one run of ``ones_apply`` whose config is the rest of its plan: the runs to
+cancel (with the reason, logged on each cancelled run as "preempted by ones: ..."), the decision records
+to append to ``decisions.jsonl``, and the state files to rewrite (``failed_jobs.json``,
+``spec_errors.json``). The daemon launches it only for a committed tick; a preview launches nothing.
+Its run key is a hash of that content, so a re-evaluated tick applies nothing twice.
+
+No ``from __future__ import annotations``: Dagster resolves Config and resource annotations at runtime.
+"""
+
+import hashlib
+import json
+
+import dagster as dg
+
+from ones_pipeline.defs.resources import OnesEnvResource
+
+APPLY_JOB_NAME = "ones_apply"
+APPLY_TAG = "ones/apply"
+IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+             dg.DagsterRunStatus.STARTED)
+
+
+class ApplyConfig(dg.Config):
+    plan: str = "{}"  # JSON: {"cancels": [...], "decisions": [...], "failed": {...}, "spec_errors": [...]}
+
+
+def apply_request(cancels: list, decisions: list, failed: dict | None,
+                  spec_errors: list | None) -> dg.RunRequest | None:
+    """The run request that applies a tick's acts, or None when there is nothing to do. ``failed`` and
+    ``spec_errors``: the new content of their files, None when unchanged."""
+    plan: dict = {}
+    if cancels:
+        plan["cancels"] = cancels
+    if decisions:
+        plan["decisions"] = decisions
+    if failed is not None:
+        plan["failed"] = failed
+    if spec_errors is not None:
+        plan["spec_errors"] = spec_errors
+    if not plan:
+        return None
+    text = json.dumps(plan, sort_keys=True)
+    # The key leaves out the clock (decision time, decide time): a tick re-evaluated after a crash, before
+    # its cursor was committed, plans the same acts and must get the same key, so they run once.
+    timeless = {**plan, "decisions": [{k: v for k, v in d.items() if k not in ("time_s", "decide_s")}
+                                      for d in plan.get("decisions", [])]}
+    key = hashlib.sha256(json.dumps(timeless, sort_keys=True).encode()).hexdigest()[:16]
+    summary = f"{len(cancels)} cancel(s), {len(decisions)} decision(s)"
+    return dg.RunRequest(run_key=f"apply-{key}", job_name=APPLY_JOB_NAME,
+                         run_config={"ops": {"apply_tick": {"config": {"plan": text}}}},
+                         tags={APPLY_TAG: summary})
+
+
+def _cancel(context: dg.OpExecutionContext, cancel: dict) -> None:
+    instance = context.instance
+    run = instance.get_run_by_id(cancel["run_id"])
+    if run is None or run.status not in IN_FLIGHT:
+        context.log.info(f"run {cancel['run_id']} ({cancel['job']}) already ended; nothing to cancel")
+        return
+    message = (f"preempted by ones: {cancel['reason']} (job {cancel['job']} generation {cancel['generation']}; "
+               "the step checkpoints and the job resumes in a new generation)")
+    instance.report_engine_event(message, run)
+    context.log.info(f"cancel run {run.run_id}: {message}")
+    try:
+        instance.run_coordinator.cancel_run(run.run_id)
+    except Exception as exc:  # it ended meanwhile
+        context.log.warning(f"could not cancel run {run.run_id}: {exc}")
+
+
+@dg.op(name="apply_tick", description="Cancel the runs a scheduler tick preempted or resized; record its "
+                                      "decisions and state files")
+def apply_tick(context: dg.OpExecutionContext, config: ApplyConfig, ones_env: OnesEnvResource) -> None:
+    plan = json.loads(config.plan)
+    layout = ones_env.config().layout
+    for cancel in plan.get("cancels", []):
+        _cancel(context, cancel)
+    layout.append_jsonl(layout.decisions, plan.get("decisions", []))
+    if "failed" in plan:
+        layout.write_json(layout.failed_jobs, plan["failed"])
+    if "spec_errors" in plan:
+        layout.write_json(layout.spec_errors, plan["spec_errors"])
+
+
+@dg.job(name=APPLY_JOB_NAME, description="What a ONES scheduler tick decided: cancel, record (launched by "
+                                          "the sensor for committed ticks only)")
+def apply_job():
+    apply_tick()
