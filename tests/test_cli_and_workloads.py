@@ -91,3 +91,23 @@ def test_bad_options_are_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["simulate", "--workload", "x.csv", "--restart-cost-by-model", "imagenet=-3"])
     assert "MODEL=SECONDS" in capsys.readouterr().err
+
+
+def test_an_absurd_arrival_time_is_rejected_with_file_row_and_field(tmp_path, capsys):
+    """Fuzzing found that an arrival of 1e99 ran the simulation away and ended in a traceback."""
+    bad = tmp_path / "far.csv"
+    bad.write_text("name,time,application,num_replicas,batch_size\nj1,0,cifar10,1,128\nj2,1e99,cifar10,1,128\n")
+    assert main(["simulate", "--workload", str(bad), "--policies", "fifo", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "far.csv, row 2, field 'time'" in err and "1e99" in err and "allowed: a number in [0," in err
+
+
+def test_an_ones_trace_away_from_its_calibration_data_names_the_option(traces, tmp_path, capsys):
+    trace = tmp_path / "trace_1.csv"
+    trace.write_text((traces / "ones_sc21" / "trace_1.csv").read_text())
+    args = ["simulate", "--workload", str(trace), "--jobs", "3", "--policies", "fifo", "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "job_history.csv: not found" in err and "--history DIR" in err and "pollux_traces_dir" not in err
+    assert main([*args, "--history", str(traces / "ones_sc21")]) == 0
+    assert "fifo" in capsys.readouterr().out

@@ -196,3 +196,12 @@ def test_a_second_daemon_for_the_same_project_is_refused(tmp_path, capsys):
         assert state.exists()  # --fresh deleted nothing
     finally:
         fake.kill()
+
+
+def test_eta_comes_from_wall_clock_progress():
+    from ones_pipeline.cli.status import eta_text
+
+    # 218 of 600 epochs in 35 s held: about 61 s to go (a trainer's 'samples/s' said 4 s for this case).
+    assert eta_text(remaining_samples=382 * 100, samples_done=218 * 100, held_s=35.0) == "61 s"
+    assert eta_text(remaining_samples=100, samples_done=0, held_s=10.0) == "-"
+    assert eta_text(remaining_samples=-5, samples_done=10, held_s=1.0) == "0 s"

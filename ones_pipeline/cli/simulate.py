@@ -66,6 +66,9 @@ def add_command(sub: SubcommandAdder) -> None:
                      help="Pollux profile folder (<model>/placements.csv, ...) the jobs are derived from "
                           "(default: the packaged profiles; for a Pollux workload CSV <its folder>/../traces "
                           "when that exists)")
+    sim.add_argument("--history", type=Path, default=None, metavar="DIR",
+                     help="ONES trace only: folder of the ONES artifact's job_history.csv and trace_dev.csv "
+                          "(default: the trace's folder)")
     sim.add_argument("--policies", type=_policies, default=list(ALL_POLICIES),
                      help=f"comma-separated, from {','.join(ALL_POLICIES)} (default: all)")
     sim.add_argument("--gpus", type=_positive_int, default=None, help="cluster GPUs (default 64)")
@@ -88,7 +91,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"ones simulate: --restart-cost must be >= 0, got {args.restart_cost}", file=sys.stderr)
         return 2
     workload = detect_workload(args.workload, max_jobs=args.jobs, restart_cost_s=args.restart_cost,
-                               profiles=args.profiles)
+                               profiles=args.profiles, history=args.history)
     default_gpus, default_gpn = workload.default_cluster()
     gpus = args.gpus or default_gpus
     gpn = min(args.gpus_per_node or default_gpn, gpus)

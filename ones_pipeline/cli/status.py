@@ -3,6 +3,8 @@ instance's runs, MLflow's progress and the scheduler's state files."""
 
 from __future__ import annotations
 
+import time
+
 from ones_pipeline.config import EnvConfig, load_job_specs
 
 STATE_OF_RUN = {"QUEUED": "queued", "NOT_STARTED": "queued", "STARTING": "starting", "STARTED": "running",
@@ -17,6 +19,15 @@ def _progress_text(spec, p, total) -> str:
     if p and p.accuracy_history:
         return f"{epochs:.1f} ep, acc {p.accuracy_history[-1][1]:.3f}"
     return f"{epochs:.1f} ep"
+
+
+def eta_text(remaining_samples: float, samples_done: float, held_s: float) -> str:
+    """ETA from wall-clock progress: samples done per second the job's runs held their slots (start-up,
+    evaluation, checkpoints and restarts included; a trainer's own samples/s leaves those out and was
+    2-20x too optimistic); "-" before any progress."""
+    if samples_done <= 0 or held_s <= 0:
+        return "-"
+    return f"{max(remaining_samples, 0.0) / (samples_done / held_s):.0f} s"
 
 
 def job_rows(env: EnvConfig, instance) -> list[dict]:
@@ -44,9 +55,9 @@ def job_rows(env: EnvConfig, instance) -> list[dict]:
         spec = specs.get(job)
         total = spec.stopping.total_samples(spec.dataset_size) if spec else None
         eta = "-"
-        rate = p.metrics.get("samples_per_s") if p else None
-        if state == "running" and total and rate and p:
-            eta = f"{max(total - p.samples_done, 0) / rate:.0f} s"
+        if state == "running" and total and p:
+            now = time.time()
+            eta = eta_text(total - p.samples_done, p.samples_done, sum(r.held_s(now) for r in rs))
         in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
                      "gpus": ",".join(map(str, latest.slot_ids)) if in_flight else "-",

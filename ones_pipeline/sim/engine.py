@@ -40,10 +40,10 @@ from ones_pipeline.core.types import (
     ThroughputObs,
     lr_for_batch,
 )
-from ones_pipeline.sim.truth import SimJob
+from ones_pipeline.sim.truth import MAX_ARRIVAL_S, SimJob
 
 # A workload that has not finished after this much simulated time is reported as a policy failure.
-DEFAULT_MAX_TIME_S = 60 * 24 * 3600.0
+DEFAULT_MAX_TIME_S = 2 * MAX_ARRIVAL_S  # 60 days
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ from pathlib import Path
 from ones_pipeline.sim.ones_catalogue import catalogue
 from ones_pipeline.sim.ones_trace_reader import read_ones_trace
 from ones_pipeline.sim.ones_truth import OnesJobTruth, make_spec
-from ones_pipeline.sim.truth import SimJob
+from ones_pipeline.sim.truth import SimJob, TraceError
+
+CALIBRATION_FILES = ("job_history.csv", "trace_dev.csv")
 
 
 def load_ones_trace(path: str | Path, max_jobs: int | None = None, pollux_traces_dir: str | Path | None = None,
@@ -38,9 +40,9 @@ def load_ones_trace(path: str | Path, max_jobs: int | None = None, pollux_traces
     num_gpus``) with their derived ground truth.
 
     Every row is validated (also those past ``max_jobs``); the first ``max_jobs`` rows are returned.
-    The calibration data (``job_history.csv``, ``trace_dev.csv``) are read from ``history_dir`` (default:
-    the trace's folder), the Pollux profiles from ``pollux_traces_dir`` (default: the packaged profiles;
-    ``ones simulate --profiles DIR``).
+    The calibration data (``job_history.csv``, ``trace_dev.csv``) are read from ``history_dir``
+    (default: the trace's folder; ``ones simulate --history DIR``), the Pollux profiles from
+    ``pollux_traces_dir`` (default: the packaged profiles; ``ones simulate --profiles DIR``).
     """
     path = Path(path)
     if max_jobs is not None and max_jobs < 1:
@@ -50,8 +52,13 @@ def load_ones_trace(path: str | Path, max_jobs: int | None = None, pollux_traces
     rows = read_ones_trace(path)
     if max_jobs is not None:
         rows = rows[:max_jobs]
-    cat = catalogue(Path(history_dir) if history_dir is not None else path.resolve().parent, pollux_traces_dir,
-                    restart_cost_s)
+    history = Path(history_dir) if history_dir is not None else path.resolve().parent
+    missing = [name for name in CALIBRATION_FILES if not (history / name).is_file()]
+    if missing:
+        raise TraceError(history / missing[0], "not found: an ONES trace is simulated with the ONES artifact's "
+                         f"calibration data ({', '.join(CALIBRATION_FILES)}), read from the trace's folder; "
+                         "give their folder with `ones simulate --history DIR` (e.g. ../shared/traces/ones_sc21)")
+    cat = catalogue(history, pollux_traces_dir, restart_cost_s)
     jobs = []
     for row in rows:
         truth = OnesJobTruth(row, cat[(row.model, row.task)], restart_cost_s)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from ones_pipeline.sim.csv_fields import integer, number, read_rows, text
 from ones_pipeline.sim.ones_job_types import JOB_TYPES, JobType, allowed_pairs
+from ones_pipeline.sim.truth import MAX_ARRIVAL_S
 
 TRACE_FIELDS = (
-    number("time", low=0),
+    number("time", low=0, high=MAX_ARRIVAL_S),
     text("model"),
     text("task"),
     integer("epoch_size", minimum=1),

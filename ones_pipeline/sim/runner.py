@@ -38,6 +38,7 @@ class WorkloadSpec:
     restart_cost_s: float = 30.0
     profiles: Path | None = None
     name: str | None = None
+    history: Path | None = None  # ONES trace: folder of job_history.csv and trace_dev.csv (default: the trace's)
 
     @property
     def label(self) -> str:
@@ -53,7 +54,7 @@ class WorkloadSpec:
         from ones_pipeline.sim.ones_trace import load_ones_trace
 
         return load_ones_trace(self.path, max_jobs=self.max_jobs, pollux_traces_dir=self.profiles,
-                               restart_cost_s=self.restart_cost_s)
+                               restart_cost_s=self.restart_cost_s, history_dir=self.history)
 
     def default_cluster(self) -> tuple[int, int]:
         """(GPUs, GPUs per node): 64 x 4 for both kinds (16 nodes of 4, as the Pollux authors' simulator
@@ -62,7 +63,8 @@ class WorkloadSpec:
 
 
 def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restart_cost_s: float = 30.0,
-                    profiles: str | os.PathLike | None = None) -> WorkloadSpec:
+                    profiles: str | os.PathLike | None = None,
+                    history: str | os.PathLike | None = None) -> WorkloadSpec:
     """Recognise a workload: a packaged name (``pollux:workload-N``, ``pollux-0.5:workload-N``,
     ``pollux-1.5:workload-N``, N = 1..8) or a CSV file, by its header (Pollux workload or ONES trace).
 
@@ -90,7 +92,8 @@ def detect_workload(path: str | os.PathLike, max_jobs: int | None = None, restar
             profiles = packaged.profiles_dir() if name else packaged.default_profiles_for(path)
         return WorkloadSpec(path, "pollux", max_jobs, restart_cost_s, profiles, name)
     if cols == ONES_COLUMNS:
-        return WorkloadSpec(path, "ones", max_jobs, restart_cost_s, profiles or packaged.profiles_dir(), name)
+        return WorkloadSpec(path, "ones", max_jobs, restart_cost_s, profiles or packaged.profiles_dir(), name,
+                            Path(history) if history is not None else None)
     pollux_miss, ones_miss = POLLUX_COLUMNS - cols, ONES_COLUMNS - cols
     kind, missing, allowed = (("Pollux workload", pollux_miss, POLLUX_COLUMNS) if len(pollux_miss) <= len(ones_miss)
                               else ("ONES trace", ones_miss, ONES_COLUMNS))

@@ -7,6 +7,10 @@ from typing import Protocol
 
 from ones_pipeline.core.types import JobSpec
 
+# Latest arrival a trace may have (30 days): the simulation runs at most twice that (sim.engine), and a
+# larger value (1e99) is a broken file, not a workload.
+MAX_ARRIVAL_S = 30 * 24 * 3600.0
+
 
 class TraceError(ValueError):
     """A bad trace or profile input; the message names the file, row and field."""

@@ -9,11 +9,11 @@ from pathlib import Path
 from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
 from ones_pipeline.sim.csv_fields import Row, integer, number, read_rows, text
 from ones_pipeline.sim.pollux_profiles import POLLUX_MODELS, PolluxModelProfile, load_pollux_profile
-from ones_pipeline.sim.truth import SimJob, TraceError
+from ones_pipeline.sim.truth import MAX_ARRIVAL_S, SimJob, TraceError
 
 POLLUX_WORKLOAD_FIELDS = (
     text("name"),
-    number("time", low=0),
+    number("time", low=0, high=MAX_ARRIVAL_S),
     text("application", choices=POLLUX_MODELS, lower=True),
     integer("num_replicas", minimum=1),
     integer("batch_size", minimum=1),
