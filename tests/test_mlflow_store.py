@@ -63,6 +63,17 @@ def test_ensure_store_is_idempotent(uri):
     assert names.count(EXP) == 1 and names.count("other") == 1
 
 
+def test_experiments_open_as_model_training_in_the_mlflow_ui(uri):
+    """MLflow 3's UI shows an experiment without this tag in its GenAI view."""
+    client = MlflowClient(tracking_uri=uri)
+    new = ensure_store(uri, "fresh-experiment")
+    assert client.get_experiment(new).tags["mlflow.experimentKind"] == "custom_model_development"
+    old = client.create_experiment("made-elsewhere")  # e.g. by an older version of this product
+    store._EXPERIMENT_IDS.clear()
+    assert ensure_store(uri, "made-elsewhere") == old
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_ensure_store_makes_parent_dirs_and_puts_artifacts_beside_db(tmp_path, template_db):
     target = tmp_path / "a" / "b"
     uri = copy_store(template_db, target)

@@ -158,6 +158,10 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     progress = read_progress(f"sqlite:///{tmp_path / 'm.db'}", "ones", ["piped"])["piped"]
     assert progress.generation == 3 and progress.status == "FINISHED"
     assert metadata["mlflow_run_id"]["raw_value"] == progress.run_id  # reported through Pipes, no side file
+    from mlflow import MlflowClient
+
+    params = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}").get_run(progress.run_id).data.params
+    assert params["stopping.epochs"] == "2" and "stopping.patience" not in params  # only what applies
 
 
 def test_launcher_kills_a_rank_that_hangs_after_rank_0_finished(tmp_path):

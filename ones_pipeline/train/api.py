@@ -267,8 +267,9 @@ class TrainingSession:
         self._model = model
         if self.is_main and self.p.tracking_uri:
             from ones_pipeline.adapters.mlflow import JobRun
+            from ones_pipeline.config import job_spec_to_yaml_dict
 
-            run_params = dict(json.loads(spec_to_json(self.spec)))
+            run_params = job_spec_to_yaml_dict(self.spec)  # the fields that apply (no patience on an epochs job)
             run_params.update(params or {})
             self._run = JobRun.open(self.p.tracking_uri, self.p.experiment, self.spec.name, self.p.state_dir,
                                     params=run_params, generation=self.p.generation)

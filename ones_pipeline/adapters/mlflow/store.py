@@ -260,11 +260,17 @@ def _init_lock(tracking_uri: str | None) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+# Without this experiment tag MLflow 3's UI opens an experiment in its GenAI view; these are model trainings.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
 def _get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -274,4 +280,6 @@ def _get_or_create_experiment(client: MlflowClient, name: str, artifact_location
     if exp.lifecycle_stage == "deleted":
         log.warning("MLflow experiment %r (id %s) was deleted; restoring it", name, exp.experiment_id)
         client.restore_experiment(exp.experiment_id)
+    if exp.tags.get(EXPERIMENT_KIND_TAG) is None:  # an experiment made before, or by someone else
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     return exp.experiment_id
