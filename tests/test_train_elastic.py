@@ -162,6 +162,8 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
 
     params = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}").get_run(progress.run_id).data.params
     assert params["stopping.epochs"] == "2" and "stopping.patience" not in params  # only what applies
+    tags = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}").get_run(progress.run_id).data.tags
+    assert tags["dagster.run_id"] == "run-1" and tags["dagster.run_id.g3"] == "run-1"  # the Pipes context's run
 
 
 def test_launcher_kills_a_rank_that_hangs_after_rank_0_finished(tmp_path):

@@ -17,6 +17,7 @@ checkpoint; 2 on bad input (nothing started, nothing written); 1 on a failure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -148,7 +149,7 @@ def _main_under_pipes(args: argparse.Namespace) -> int:
 
     with open_dagster_pipes() as pipes:
         try:
-            req = request_from(args, pipes.extras)
+            req = dataclasses.replace(request_from(args, pipes.extras), dagster_run_id=pipes.run_id)
         except (LaunchError, ValueError) as exc:
             pipes.log.error(f"ones train: {exc}")
             print(f"ones train: {exc}", file=sys.stderr)

@@ -109,6 +109,7 @@ class Placement:
     seed: int = 0
     stop_file: Path | None = None  # the launcher's stop request (polled at every step boundary)
     launcher_pid: int | None = None  # the launcher; ranks stop when it disappears
+    dagster_run_id: str | None = None  # the Dagster run this generation belongs to (tagged on the MLflow run)
 
     ENV_PREFIX = "ONES_"
 
@@ -124,7 +125,7 @@ class Placement:
             "ONES_MASTER_PORT": str(self.master_port), "ONES_DEVICE": self.device,
             "ONES_GPUS": ",".join(str(g) for g in self.gpus), "ONES_NUM_NODES": str(self.num_nodes),
             "ONES_SEED": str(self.seed), "ONES_STOP_FILE": str(self.stop_file or ""),
-            "ONES_LAUNCHER_PID": str(self.launcher_pid or ""),
+            "ONES_LAUNCHER_PID": str(self.launcher_pid or ""), "ONES_DAGSTER_RUN_ID": self.dagster_run_id or "",
         }
 
     @classmethod
@@ -146,6 +147,7 @@ class Placement:
             gpus=gpus, num_nodes=int(env.get("ONES_NUM_NODES", 1)), seed=int(env.get("ONES_SEED", 0)),
             stop_file=Path(env["ONES_STOP_FILE"]) if env.get("ONES_STOP_FILE") else None,
             launcher_pid=int(env.get("ONES_LAUNCHER_PID") or 0) or None,
+            dagster_run_id=env.get("ONES_DAGSTER_RUN_ID") or None,
         )
 
 
@@ -273,6 +275,9 @@ class TrainingSession:
             run_params.update(params or {})
             self._run = JobRun.open(self.p.tracking_uri, self.p.experiment, self.spec.name, self.p.state_dir,
                                     params=run_params, generation=self.p.generation)
+            if self.p.dagster_run_id:  # from the MLflow run back to the Dagster run of each generation
+                self._run.set_tags({"dagster.run_id": self.p.dagster_run_id,
+                                    f"dagster.run_id.g{self.p.generation}": self.p.dagster_run_id})
         return model
 
     # -- LR -----------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ class LaunchRequest:
     grace_period_s: float = 20.0
     seed: int = 0
     in_container: bool = False  # GPUs renumbered from 0 inside a container: no CUDA_VISIBLE_DEVICES
+    dagster_run_id: str | None = None  # under Dagster Pipes: the run, tagged on the job's MLflow run
 
     @property
     def spec(self) -> JobSpec:
@@ -101,7 +102,8 @@ def _start_ranks(req: LaunchRequest, port: int, stop_file: Path) -> list[subproc
             spec=req.spec, rank=rank, world_size=req.world_size, global_batch=alloc.global_batch, lr=alloc.lr,
             generation=alloc.generation, state_dir=Path(req.state_dir), tracking_uri=req.tracking_uri,
             experiment=req.experiment, master_port=port, device="cuda" if alloc.gpus else "cpu",
-            gpus=alloc.gpus, seed=req.seed, stop_file=stop_file, launcher_pid=os.getpid())
+            gpus=alloc.gpus, seed=req.seed, stop_file=stop_file, launcher_pid=os.getpid(),
+            dagster_run_id=req.dagster_run_id)
         env = dict(os.environ)
         env.update(placement.to_env(spec_json))
         if alloc.gpus and not req.in_container:
