@@ -193,8 +193,12 @@ def test_bad_spec_is_reported_once_and_skipped(project, instance, capfd):
     assert "mlp-digits" in errors[0]["message"]  # the allowed values
     logged = [line for line in capfd.readouterr().err.splitlines() if "skipped job spec" in line]
     assert len(logged) == 1 and "broken.yaml" in logged[0] and "field 'model'" in logged[0]
-    tick(project, instance, first.cursor)
-    assert "skipped job spec" not in capfd.readouterr().err  # reported once per content
+    second = tick(project, instance, first.cursor)
+    err = capfd.readouterr().err
+    assert "skipped job spec:" not in err  # the full error once per content ...
+    assert "1 job spec file(s) skipped until fixed: broken.yaml" in err  # ... and a line every tick while bad
+    if second.skip_reason:
+        assert "broken.yaml" in second.skip_reason
 
 
 def test_failed_runs_are_retried_with_backoff_then_the_job_is_marked_failed(project, instance):
@@ -293,3 +297,25 @@ def test_the_tick_acts_only_through_its_apply_run(project, instance):
     events = [e.message for e in instance.all_logs(run.run_id)]
     assert any(m.startswith("preempted by ones: spec changed") for m in events), events
     assert "spec changed" in (state / "decisions.jsonl").read_text().splitlines()[-1]
+
+
+def test_a_run_launched_by_hand_leaves_a_trained_partition_green(project, instance):
+    """The UI's "Materialize..." starts training_job without the sensor's allocation: it must not fail
+    the partition (red) nor overwrite its materialization; it says why it does nothing."""
+    defs = build_definitions(str(project), launcher=InMemoryLauncher)
+    spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
+    config = {"ops": {"training_job": {"config": {
+        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 0).to_json()}}}}
+    assert dg.materialize([training_job], partition_key="job-a", instance=instance, run_config=config,
+                          resources=resources).success
+    key = dg.AssetKey("training_job")
+    first = instance.get_latest_materialization_event(key)
+    count = len(instance.fetch_materializations(key, limit=100).records)
+    by_hand = dg.materialize([training_job], partition_key="job-a", instance=instance, resources=resources)
+    assert by_hand.success  # no red run, no failed partition
+    assert len(instance.fetch_materializations(key, limit=100).records) == count  # nothing overwritten
+    assert instance.get_latest_materialization_event(key).run_id == first.run_id
+    logs = [e.message for e in instance.all_logs(by_hand.run_id)]
+    assert any("already trained" in m and "ones submit" in m for m in logs), logs

@@ -29,9 +29,6 @@ class TrainingRunConfig(dg.Config):
 
 
 def _allocation(job: str, config: TrainingRunConfig) -> RunAllocation:
-    if not config.allocation:
-        raise dg.Failure(f"{job}: no allocation in the run config: runs of training_job are launched by the "
-                         "ones_scheduler_sensor, not by hand")
     try:
         allocation = RunAllocation.from_json(config.allocation)
     except ValueError as exc:
@@ -41,16 +38,28 @@ def _allocation(job: str, config: TrainingRunConfig) -> RunAllocation:
     return allocation
 
 
+def _refuse_manual_launch(context: dg.AssetExecutionContext, job: str) -> None:
+    trained = job in context.instance.get_materialized_partitions(dg.AssetKey(TRAINING_ASSET))
+    state = "is already trained (its materialization stands)" if trained else "is scheduled by the ONES sensor"
+    context.log.warning(f"{job} {state}: runs of training_job carry the allocation the ones_scheduler_sensor "
+                        "chose, so this run launched by hand does nothing. To train a job, add its spec with "
+                        "`ones submit SPEC.yaml`; to retrain one, change its spec file.")
+
+
 @dg.asset(
     name=TRAINING_ASSET,
     partitions_def=JOBS_PARTITIONS,
     description="One training job per partition (a spec file in assets/jobs). Materialized when the job "
                 "has met its stopping rule; the ONES sensor starts, resizes and preempts its runs.",
     kinds={"pytorch", "mlflow"},
+    output_required=False,  # a run launched by hand (no allocation) ends without touching the partition
 )
 def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, launcher: StepLauncher,
-                 mlflow: MlflowResource) -> dg.MaterializeResult:
+                 mlflow: MlflowResource):
     job = context.partition_key
+    if not config.allocation:
+        _refuse_manual_launch(context, job)
+        return
     allocation = _allocation(job, config)
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
     results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
@@ -58,9 +67,14 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         raise dg.Failure(f"{job} generation {allocation.generation}: the training step ended without finishing "
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
-    reported = {k: getattr(v, "value", v) for k, v in (results[0].metadata or {}).items()}
+    yield _materialization(context, allocation, mlflow, results[0])
+
+
+def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
+                     result: dg.MaterializeResult) -> dg.MaterializeResult:
+    reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
     now = time.time()
-    runs = job_run_infos(context.instance, job)
+    runs = job_run_infos(context.instance, allocation.job)
     mlflow_run = str(reported.pop("mlflow_run_id", "") or "")
     metadata = {
         **reported,

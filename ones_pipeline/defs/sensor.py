@@ -23,6 +23,7 @@ No ``from __future__ import annotations`` (Dagster resolves resource annotations
 import hashlib
 import json
 import time
+from pathlib import Path
 
 import dagster as dg
 
@@ -58,8 +59,15 @@ def _spec_errors(context, errors: list[ConfigError], reported: set[str]) -> tupl
         keys.append(key)
         if key not in reported:
             context.log.error(f"skipped job spec: {err}")
+    if errors:  # every tick, for as long as a file stays bad: the tick's log in the UI shows it
+        context.log.warning(_bad_specs_line(errors))
     changed = set(keys) != reported
     return keys, ([{"file": e.path, "field": e.field, "message": str(e)} for e in errors] if changed else None)
+
+
+def _bad_specs_line(errors: list[ConfigError]) -> str:
+    names = ", ".join(sorted({Path(e.path).name for e in errors}))
+    return f"{len(errors)} job spec file(s) skipped until fixed: {names} (`ones status` says why)"
 
 
 def _log_plan(context, plan: TickPlan) -> None:
@@ -133,7 +141,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     skip = None
     if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
-                f"{len(active_runs)} run(s) in flight")
+                f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else ""))
     return dg.SensorResult(
         run_requests=requests, cursor=json.dumps(plan.cursor), asset_events=events, skip_reason=skip,
         dynamic_partitions_requests=[JOBS_PARTITIONS.build_add_request(new_keys)] if new_keys else [])
