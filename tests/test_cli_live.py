@@ -111,8 +111,8 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     config = yaml.safe_load(config_path.read_text())
     runs = config["concurrency"]["runs"]
     limits = runs["tag_concurrency_limits"]
-    assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/gpu-0", "limit": 1},
-                                                     {"key": "ones/gpu-1", "limit": 1}]
+    assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/cpu-0", "limit": 1},
+                                                     {"key": "ones/cpu-1", "limit": 1}]  # CPU slots, not GPUs
     assert runs["max_concurrent_runs"] >= 2
     assert config["run_monitoring"]["enabled"] is True
     import dagster as dg
@@ -121,7 +121,7 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         queue = instance.get_concurrency_config().run_queue_config
         assert queue.max_concurrent_runs == runs["max_concurrent_runs"]
-        assert {lim["key"] for lim in queue.tag_concurrency_limits} == {"ones/gpu-0", "ones/gpu-1"}
+        assert {lim["key"] for lim in queue.tag_concurrency_limits} == {"ones/cpu-0", "ones/cpu-1"}
 
     db = state / "mlflow.db"
     assert db.is_file() and db.read_bytes()[:16] == b"SQLite format 3\x00"
@@ -132,7 +132,7 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
 
     assert main(["status", "--project", str(project)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].split() == ["job", "state", "gpus", "batch", "progress", "eta", "restarts"]
+    assert lines[0].split() == ["job", "state", "slots", "batch", "progress", "eta", "restarts"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert sorted(rows) == ["cnn-c", "mlp-a", "mlp-b"]
     for _job, cells in rows.items():

@@ -120,8 +120,12 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
     for rr in train:
         assert rr.run_key == f"{rr.partition_key}-g0"
         slots = slots_of(rr)
-        assert rr.tags["ones/gpus"] == ",".join(map(str, slots))
-        assert {k for k in rr.tags if k.startswith("ones/gpu-")} == {f"ones/gpu-{s}" for s in slots}
+        assert rr.tags["ones/slots"] == ",".join(map(str, slots))
+        # CPU slots are named as such, each tag's value is the job holding it; no ones/gpu-* on CPUs.
+        assert {k: v for k, v in rr.tags.items() if k.startswith("ones/cpu-")} == {
+            f"ones/cpu-{s}": rr.partition_key for s in slots}
+        assert not any(k.startswith("ones/gpu") for k in rr.tags)
+        assert len([k for k in rr.tags if k.startswith("ones/")]) == 7 + len(slots)
         alloc = allocation_of(rr)
         assert alloc.job == rr.partition_key and alloc.global_batch >= 1 and alloc.lr > 0 and alloc.device == "cpu"
         held += slots
@@ -159,7 +163,7 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     second = tick(project, instance, first.cursor)
     assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
     (rr,) = [rr for rr in second.run_requests if rr.job_name == "train_job"]
-    assert rr.run_key == "job-a-g1" and rr.tags["ones/previous-gpus"] == "0,1"
+    assert rr.run_key == "job-a-g1" and rr.tags["ones/previous-slots"] == "0,1"
     assert allocation_of(rr).spec.stopping.epochs == 12
     decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
     assert (decisions[-1]["job"] == "job-a" and decisions[-1]["before"] == [0, 1]

@@ -147,7 +147,8 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             continue
         end = r["endTime"] or time.time()
         for t in r["tags"]:
-            if t["key"].startswith("ones/gpu-"):
+            if t["key"].startswith("ones/cpu-"):  # CPU slots here (cluster: {gpus: none})
+                assert t["value"] == next(x["value"] for x in r["tags"] if x["key"] == "ones/job")
                 spans.setdefault(t["key"], []).append((r["startTime"], end, r["runId"]))
     assert spans, runs
     for slot, intervals in spans.items():

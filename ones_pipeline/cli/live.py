@@ -73,7 +73,7 @@ def init(env: EnvConfig, quiet: bool = False) -> dict:
     inventory = inventory_source(env.cluster).discover()
     env.layout.jobs_dir.mkdir(parents=True, exist_ok=True)
     env.jobs_dir.mkdir(parents=True, exist_ok=True)
-    path = write_instance_yaml(env, inventory.slot_ids, inventory.num_slots + 4)
+    path = write_instance_yaml(env, inventory.slot_ids, inventory.num_slots + 4, inventory.kind)
     daemon_running = running_dagster(env) is not None
     with open_instance(env) as instance:
         released = [] if daemon_running else release_orphaned_runs(instance, process_cmdlines())

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import time
 
+from ones_pipeline.adapters.inventory import inventory_source
 from ones_pipeline.config import EnvConfig, load_job_specs
 
 STATE_OF_RUN = {"QUEUED": "queued", "NOT_STARTED": "queued", "STARTING": "starting", "STARTED": "running",
                 "CANCELING": "preempting", "CANCELED": "paused", "FAILURE": "retrying", "SUCCESS": "finished"}
-STATUS_COLUMNS = ["job", "state", "gpus", "batch", "progress", "eta", "restarts"]
+STATUS_COLUMNS = ["job", "state", "slots", "batch", "progress", "eta", "restarts"]
 
 
 def _progress_text(spec, p, total) -> str:
@@ -31,7 +32,7 @@ def eta_text(remaining_samples: float, samples_done: float, held_s: float) -> st
 
 
 def job_rows(env: EnvConfig, instance) -> list[dict]:
-    """One row per job in assets/jobs (and finished ones): state, GPUs, batch, progress, ETA, restarts."""
+    """One row per job in assets/jobs (and finished ones): state, slots, batch, progress, ETA, restarts."""
     from ones_pipeline.adapters.mlflow import read_progress
     from ones_pipeline.defs.instance import finished_jobs, job_run_infos
 
@@ -43,6 +44,7 @@ def job_rows(env: EnvConfig, instance) -> list[dict]:
     except Exception:  # status must work without MLflow
         progress = {}
     failed = env.layout.failed()
+    device = inventory_source(env.cluster).discover().kind  # "gpu 0,1" or "cpu 0": CPU slots are not GPUs
     rows = []
     for job in sorted(set(specs) | finished):
         rs = sorted((r for r in runs if r.job == job), key=lambda r: (r.generation, r.created_s))
@@ -60,7 +62,7 @@ def job_rows(env: EnvConfig, instance) -> list[dict]:
             eta = eta_text(total - p.samples_done, p.samples_done, sum(r.held_s(now) for r in rs))
         in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
-                     "gpus": ",".join(map(str, latest.slot_ids)) if in_flight else "-",
+                     "slots": f"{device} " + ",".join(map(str, latest.slot_ids)) if in_flight else "-",
                      "batch": str(latest.global_batch) if in_flight else "-",
                      "progress": _progress_text(spec, p, total), "eta": eta,
                      "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),

@@ -18,13 +18,14 @@ IN_FLIGHT_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTE
                       dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
 
 
-def instance_yaml(slot_ids: Iterable[int], max_runs: int) -> str:
+def instance_yaml(slot_ids: Iterable[int], max_runs: int, device: str) -> str:
     """The instance config: queued runs (at most ``max_runs`` at once, one per slot tag), run monitoring on."""
     import yaml
 
     config = {
         "concurrency": {"runs": {"max_concurrent_runs": int(max_runs),
-                                 "tag_concurrency_limits": [{"key": slot_tag(s), "limit": 1} for s in slot_ids]}},
+                                 "tag_concurrency_limits": [{"key": slot_tag(s, device), "limit": 1}
+                                                            for s in slot_ids]}},
         "run_monitoring": {"enabled": True, "start_timeout_seconds": 300, "cancel_timeout_seconds": 180,
                            "poll_interval_seconds": 30},
         "telemetry": {"enabled": False},
@@ -33,11 +34,11 @@ def instance_yaml(slot_ids: Iterable[int], max_runs: int) -> str:
         yaml.safe_dump(config, sort_keys=False)
 
 
-def write_instance_yaml(env: EnvConfig, slot_ids: Iterable[int], max_runs: int) -> Path:
+def write_instance_yaml(env: EnvConfig, slot_ids: Iterable[int], max_runs: int, device: str) -> Path:
     path = env.layout.instance_yaml
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(instance_yaml(slot_ids, max_runs))
+    tmp.write_text(instance_yaml(slot_ids, max_runs, device))
     tmp.replace(path)
     return path
 

@@ -3,7 +3,7 @@
 Each tick (DESIGN.md section 6):
 1. job specs in ``assets/jobs`` -> partitions of ``training_job`` (a bad file is reported once, with
    file, field and allowed values, and skipped; the others keep running);
-2. the in-flight runs (tags ``ones/job``, ``ones/gpus``, ``ones/generation``) are the current schedule;
+2. the in-flight runs (tags ``ones/job``, ``ones/slots``, ``ones/generation``) are the current schedule;
 3. progress (samples, throughput per configuration, loss/accuracy) is read from MLflow, the slots from
    the inventory resource (once);
 4. ``scheduler.plan_tick`` decides (no Dagster in it);
@@ -11,8 +11,8 @@ Each tick (DESIGN.md section 6):
    tick result" evaluates it for real); it returns one run of ``ones_apply`` (``defs/apply.py``) that
    cancels them (``instance.run_coordinator.cancel_run``: the step checkpoints on SIGINT/SIGTERM) and
    writes the decision log and state files, launched by the daemon for committed ticks only;
-6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>`` tag per slot,
-   the ``RunAllocation`` as JSON in the run config;
+6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
+   (``ones/cpu-<id>``) tag per slot, the ``RunAllocation`` as JSON in the run config;
 7. the policy state goes into the cursor.
 Every decision is logged, tagged on the run it creates, recorded as an observation of the job's
 partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl`` by the apply run.

@@ -19,19 +19,22 @@ from ones_pipeline.scheduler.allocation import RunAllocation
 TAG_MANAGED = "ones/managed"
 TAG_JOB = "ones/job"
 TAG_GENERATION = "ones/generation"
-TAG_SLOTS = "ones/gpus"  # comma-separated slot ids, e.g. "0,1"
+TAG_SLOTS = "ones/slots"  # comma-separated slot ids, e.g. "0,1" (GPU ids, or CPU slot numbers)
 TAG_BATCH = "ones/global-batch"
-TAG_LR = "ones/lr"
 TAG_REASON = "ones/reason"
-TAG_PREVIOUS = "ones/previous-gpus"
-SLOT_TAG_PREFIX = "ones/gpu-"  # one tag per slot held; dagster.yaml limits each to one run
+TAG_PREVIOUS = "ones/previous-slots"
+# One tag per slot held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, its value the job; dagster.yaml limits
+# each key to one run.
 
 IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
 ENDED_BAD = ("FAILURE",)
 
 
-def slot_tag(slot_id: int) -> str:
-    return f"{SLOT_TAG_PREFIX}{int(slot_id)}"
+def slot_tag(slot_id: int, device: str) -> str:
+    """The tag key of one slot: ``ones/gpu-3`` for a GPU, ``ones/cpu-0`` for a CPU slot."""
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"device {device!r}; allowed: gpu, cpu")
+    return f"ones/{device}-{int(slot_id)}"
 
 
 def spec_hash(spec: JobSpec) -> str:
@@ -48,7 +51,7 @@ class RunInfo:
     slot_ids: tuple[int, ...]
     status: str  # DagsterRunStatus value
     global_batch: int = 0
-    lr: float | None = None  # None: the run's tags carry none (the core rule gives it)
+    lr: float | None = None  # None: not in the tags (the allocation's LR follows the core rule from the batch)
     created_s: float = 0.0
     start_s: float | None = None
     end_s: float | None = None
@@ -59,9 +62,8 @@ class RunInfo:
         if tags.get(TAG_MANAGED) != "true" or TAG_JOB not in tags:
             return None
         slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
-        lr = float(tags[TAG_LR]) if tags.get(TAG_LR) else None
         return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
-                   int(tags.get(TAG_BATCH, 0)), lr, created_s, start_s, end_s)
+                   int(tags.get(TAG_BATCH, 0)), None, created_s, start_s, end_s)
 
     @property
     def in_flight(self) -> bool:
@@ -120,9 +122,8 @@ class Launch:
     def tags(self) -> dict[str, str]:
         tags = {TAG_MANAGED: "true", TAG_JOB: self.job, TAG_GENERATION: str(self.generation),
                 TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch),
-                TAG_LR: repr(float(self.lr)), TAG_REASON: self.reason[:200],
-                TAG_PREVIOUS: ",".join(str(s) for s in self.previous_slot_ids) or "-"}
-        tags.update({slot_tag(s): "1" for s in self.slot_ids})
+                TAG_REASON: self.reason[:200], TAG_PREVIOUS: ",".join(str(s) for s in self.previous_slot_ids) or "-"}
+        tags.update({slot_tag(s, self.allocation.device): self.job for s in self.slot_ids})
         return tags
 
 
