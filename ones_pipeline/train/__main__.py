@@ -127,6 +127,24 @@ def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = No
         seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)))
 
 
+def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
+    """One run-log line for a progress event of rank 0."""
+    if row.get("event") == "mlflow_run":
+        from ones_pipeline.adapters.mlflow import run_link
+
+        where = run_link(req.tracking_uri, row["run_id"], row.get("experiment_id")) if req.tracking_uri else "-"
+        return f"{req.spec.name}: MLflow run {row['run_id']}: {where}"
+    if row.get("event") == "epoch":
+        def num(key: str, fmt: str) -> str:
+            return format(row[key], fmt) if row.get(key) is not None else "-"
+
+        return (f"{req.spec.name} generation {row.get('generation')}: epoch {num('epoch', '.2f')}, "
+                f"{int(row.get('samples') or 0)} samples, accuracy {num('accuracy', '.4f')}, "
+                f"loss {num('loss', '.4f')}, {num('samples_per_s', '.1f')} samples/s, global batch "
+                f"{row.get('global_batch')} on {row.get('processes')} process(es)")
+    return f"{req.spec.name}: {json.dumps(dict(row))}"
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("ones_pipeline").setLevel(logging.INFO)
@@ -155,7 +173,7 @@ def _main_under_pipes(args: argparse.Namespace) -> int:
             print(f"ones train: {exc}", file=sys.stderr)
             return 2
         pipes.log.info(f"training {req.allocation.describe()}")
-        code = launch(req)
+        code = launch(req, on_event=lambda row: pipes.log.info(progress_line(req, row)))
         result_file = req.state_dir / "result.json"
         if code == 0 and result_file.exists():
             result = json.loads(result_file.read_text())

@@ -52,6 +52,7 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
+PROGRESS_FILE = "progress.jsonl"  # rank 0's events for the launcher to relay (see TrainingSession._report)
 # Seconds a rank waits in a collective for its peers before failing (a peer was killed).
 COLLECTIVE_TIMEOUT_S = 120
 
@@ -275,6 +276,8 @@ class TrainingSession:
             run_params.update(params or {})
             self._run = JobRun.open(self.p.tracking_uri, self.p.experiment, self.spec.name, self.p.state_dir,
                                     params=run_params, generation=self.p.generation)
+            self._report({"event": "mlflow_run", "run_id": self._run.run_id,
+                          "experiment_id": self._run.experiment_id, "generation": self.p.generation})
             if self.p.dagster_run_id:  # from the MLflow run back to the Dagster run of each generation
                 self._run.set_tags({"dagster.run_id": self.p.dagster_run_id,
                                     f"dagster.run_id.g{self.p.generation}": self.p.dagster_run_id})
@@ -399,12 +402,18 @@ class TrainingSession:
         if loss is not None:
             pr.losses.append(float(loss))
         self.finished = self._stopping_rule_met()
+        m = self.metrics() if self.is_main else {}
         if self._run is not None:
-            m = self.metrics()
             m["accuracy"] = float(accuracy)
             if loss is not None:
                 m["test_loss"] = float(loss)
             self._run.log_metrics(m, step=pr.samples_done)
+        if self.is_main:
+            self._report({"event": "epoch", "epoch": round(pr.samples_done / self.dataset_size, 3),
+                          "samples": pr.samples_done, "accuracy": float(accuracy),
+                          "loss": None if loss is None else float(loss), "train_loss": m.get("loss"),
+                          "samples_per_s": m.get("samples_per_s"), "global_batch": self.p.global_batch,
+                          "processes": self.p.world_size, "generation": self.p.generation})
         pr.finished = self.finished
         self.checkpoint()
         if self.finished:
@@ -412,6 +421,12 @@ class TrainingSession:
         elif self._pending_stop:
             self._stop("KILLED")
         return self.finished
+
+    def _report(self, row: Mapping[str, Any]) -> None:
+        """Rank 0: one line of ``<state_dir>/progress.jsonl``, which the launcher relays to the orchestrator
+        (Dagster Pipes log lines) while the job trains."""
+        with open(self.p.state_dir / PROGRESS_FILE, "a") as fh:
+            fh.write(json.dumps({**row, "time_s": time.time()}) + "\n")
 
     def _budget_reached(self) -> bool:
         rule = self.spec.stopping

@@ -14,6 +14,7 @@ launcher disappears (kill -9) stop the same way.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -21,13 +22,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.api import Placement, spec_to_json
+from ones_pipeline.train.api import PROGRESS_FILE, Placement, spec_to_json
 from ones_pipeline.train.checkpoint import check_state_dir
 
 log = logging.getLogger("ones_pipeline.train")
@@ -123,13 +124,40 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
         p.wait()
 
 
-def launch(req: LaunchRequest) -> int:
+class _Tail:
+    """New complete lines of rank 0's ``progress.jsonl`` since the launch (earlier generations' skipped)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def rows(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                log.warning("unreadable line in %s: %r", self.path, line[:200])
+        return out
+
+
+def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -> int:
     """Run the job's processes to completion or until stopped; return the exit code (0 = finished or
-    cleanly stopped with a checkpoint)."""
+    cleanly stopped with a checkpoint). ``on_event``: called with each progress event rank 0 reports
+    (``{"event": "epoch", ...}``, ``{"event": "mlflow_run", ...}``) while the job trains."""
     validate(req)
     port = _free_port()
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
+    tail = _Tail(Path(req.state_dir) / PROGRESS_FILE) if on_event is not None else None
     procs = _start_ranks(req, port, stop_file)
     deadline: list[float] = []
 
@@ -140,19 +168,29 @@ def launch(req: LaunchRequest) -> int:
             stop_file.touch()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    def relay() -> None:
+        for row in tail.rows() if tail is not None else ():
+            on_event(row)
+
     try:
-        return _supervise(req, procs, deadline, on_signal)
+        return _supervise(req, procs, deadline, on_signal, relay)
     finally:
+        relay()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
 
 
-def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal) -> int:
+def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
+               relay: Callable[[], None]) -> int:
     """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others; ranks still
     running ``grace_period_s`` after the stop request, or after rank 0 ended cleanly, are killed."""
     lingering_since: float | None = None
+    next_relay = 0.0
     while True:
+        if time.monotonic() >= next_relay:
+            relay()
+            next_relay = time.monotonic() + 1.0
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return 0 if all(c == 0 for c in codes) else 1
