@@ -136,6 +136,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     entries = {e["label"]: e for e in report[0]["metadataEntries"]}
     assert (entries["jobs"].get("intValue", entries["jobs"].get("floatValue")) == len(JOBS)
             and entries["mean_jct_s"]["floatValue"] > 0)
+    assert "job_table" in entries and 0 < entries["utilisation_percent"]["floatValue"] <= 100
     assert entries["report"]["mdStr"].count("data:image/png;base64,") == 2
     assert all(job in entries["report"]["mdStr"] for job in JOBS)
     assert (project / ".ones/state/report/allocation.png").stat().st_size > 1000

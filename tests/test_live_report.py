@@ -77,7 +77,8 @@ def test_build_report_writes_files_and_computes_summary(tmp_path):
     assert set(s) == set(SUMMARY_KEYS)
     assert s["jobs"] == 2 and s["restarts"] == 2
     assert s["makespan_s"] == 100.0
-    assert s["utilisation"] == pytest.approx((100 + 40 + 20) / (2 * 100))
+    # Over the time work was pending: [0, 100] for a and b, and c's run until now (200 s): 200 s in all.
+    assert s["utilisation"] == pytest.approx((100 + 40 + 120) / (2 * 200))
     assert s["gpu_s"] == 140.0
     assert (s["mean_jct_s"], s["median_jct_s"]) == (80.0, 80.0)
     assert s["p95_jct_s"] == pytest.approx(98.0)
@@ -96,7 +97,7 @@ def test_build_report_writes_files_and_computes_summary(tmp_path):
         _assert_png(report.files[key])
 
     assert "job-a" in report.markdown and "job-b\\|x" in report.markdown  # the pipe is escaped
-    assert "80%" in report.markdown
+    assert "65%" in report.markdown and "JCT (s)" in report.markdown and "GPU-h" in report.markdown
     rows = [line for line in report.markdown.splitlines() if line.startswith("| ")]
     assert len(rows) == 3  # header + 2 jobs
 
@@ -145,3 +146,12 @@ def test_png_markdown_inlines_small_files_and_names_large_ones(tmp_path):
 
     named = png_markdown(path, "allocation", max_bytes=size - 1)
     assert "data:" not in named and "allocation.png" in named
+
+
+def test_cpu_slots_are_not_called_gpus_and_jct_has_one_unit(tmp_path):
+    jobs = [FinishedJob("short", submit_s=0.0, finish_s=90.0, accuracy=0.9, samples=10.0, restarts=0),
+            FinishedJob("long", submit_s=0.0, finish_s=3000.0, accuracy=0.9, samples=10.0, restarts=0)]
+    spans = [RunSpan("short", 0, (0,), 0.0, 90.0, "SUCCESS"), RunSpan("long", 0, (1,), 0.0, 3000.0, "SUCCESS")]
+    md = build_report(jobs, spans, num_slots=2, out_dir=tmp_path, now_s=3000.0, device="cpu").markdown
+    assert "GPU" not in md and "2 CPU slots" in md and "CPU-slot-h" in md
+    assert "JCT (min)" in md and "| 1.5 |" in md and "| 50.0 |" in md  # 90 s and 3000 s, both in minutes

@@ -117,29 +117,42 @@ def _table(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], now_s: float) 
     return table
 
 
+def _pending_window(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], now_s: float) -> list[tuple[float, float]]:
+    """The union of the times some work was in the system: each finished job from submit to finish, each
+    run of a job not finished yet from its start to its end (or now), as sorted disjoint intervals."""
+    finished = {j.job for j in jobs}
+    intervals = [(float(j.submit_s), float(j.finish_s)) for j in jobs]
+    intervals += [iv for s in spans if s.job not in finished and (iv := _interval(s, now_s)) is not None]
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
 def _summary(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], table: pd.DataFrame, num_slots: int,
              now_s: float) -> dict[str, float]:
-    """Summary over the window [first submit, last finish] of the finished jobs.
-
-    ``utilisation`` counts every span (finished jobs' and unfinished jobs') clipped to that window, so it
-    is the cluster's occupancy while those jobs were in the system; ``gpu_s`` is the finished jobs' own.
-    """
+    """Summary of the finished jobs; ``utilisation`` is the share of slot-time held over the time work was
+    pending (``_pending_window``: also unfinished jobs' runs, not idle gaps between jobs); ``gpu_s`` is the
+    finished jobs' own slot-seconds."""
     stats = reporting.jct_statistics(table["jct_s"].to_numpy(dtype=float), percentiles=(95,))
     if not jobs:
         return {"jobs": 0, **stats, "makespan_s": 0.0, "utilisation": math.nan, "gpu_s": 0.0, "restarts": 0}
-    t0 = min(float(j.submit_s) for j in jobs)
-    t1 = max(float(j.finish_s) for j in jobs)
-    makespan = t1 - t0
+    makespan = max(float(j.finish_s) for j in jobs) - min(float(j.submit_s) for j in jobs)
+    window = _pending_window(jobs, spans, now_s)
+    pending_s = sum(b - a for a, b in window)
     held = 0.0
     for span in spans:
         iv = _interval(span, now_s)
         if iv is not None:
-            held += max(0.0, min(iv[1], t1) - max(iv[0], t0)) * len(span.slot_ids)
+            held += sum(max(0.0, min(iv[1], b) - max(iv[0], a)) for a, b in window) * len(span.slot_ids)
     return {
         "jobs": len(jobs),
         **stats,
         "makespan_s": float(makespan),
-        "utilisation": float(held / (num_slots * makespan)) if makespan > 0 else math.nan,
+        "utilisation": float(held / (num_slots * pending_s)) if pending_s > 0 else math.nan,
         "gpu_s": float(table["gpu_s"].sum()),
         "restarts": int(table["restarts"].sum()),
     }
@@ -148,24 +161,41 @@ def _summary(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], table: pd.Da
 # -------------------------------------------------------------------------------------------- markdown
 
 
-def summary_line(summary: dict[str, float], num_slots: int) -> str:
-    """One bold sentence: jobs finished, JCT statistics, makespan, utilisation, GPU-hours, restarts."""
+def slot_words(device: str) -> tuple[str, str]:
+    """(slots, slot-hours) in words: GPUs are GPUs; CPU slots are not called GPUs."""
+    return ("GPUs", "GPU-h") if device == "gpu" else ("CPU slots", "CPU-slot-h")
+
+
+def summary_line(summary: dict[str, float], num_slots: int, device: str = "gpu") -> str:
+    """One bold sentence: jobs finished, JCT statistics, makespan, utilisation, slot-hours, restarts."""
+    slots, hours = slot_words(device)
     if not summary["jobs"]:
-        return f"**0 jobs finished** on {num_slots} slots."
-    return (f"**{summary['jobs']} jobs finished** on {num_slots} slots: mean JCT {_dur(summary['mean_jct_s'])}, "
+        return f"**0 jobs finished** on {num_slots} {slots}."
+    return (f"**{summary['jobs']} jobs finished** on {num_slots} {slots}: mean JCT {_dur(summary['mean_jct_s'])}, "
             f"median {_dur(summary['median_jct_s'])}, p95 {_dur(summary['p95_jct_s'])}; "
-            f"makespan {_dur(summary['makespan_s'])}, utilisation {_num(summary['utilisation'], '.0%')}, "
-            f"{summary['gpu_s'] / 3600:.2f} GPU-h, {summary['restarts']} restarts.")
+            f"makespan {_dur(summary['makespan_s'])}, utilisation {_num(summary['utilisation'], '.0%')} "
+            f"(while work was pending), {summary['gpu_s'] / 3600:.2f} {hours}, {summary['restarts']} restarts.")
 
 
-def _markdown(table: pd.DataFrame, summary: dict[str, float], num_slots: int) -> str:
+def _unit(seconds: Sequence[float]) -> tuple[str, float]:
+    """One unit for a whole column, from its largest value: (name, seconds per unit)."""
+    top = max((abs(v) for v in seconds if math.isfinite(v)), default=0.0)
+    return ("s", 1.0) if top < 120 else ("min", 60.0) if top < 3 * 3600 else ("h", 3600.0)
+
+
+def _markdown(table: pd.DataFrame, summary: dict[str, float], num_slots: int, device: str = "gpu") -> str:
     if table.empty:
-        return f"_no finished jobs yet_\n\n{summary_line(summary, num_slots)}\n"
-    rows = [(row.job, row.model, _dur(row.jct_s), _dur(row.wait_s), _dur(row.run_s), row.restarts, row.generations,
-             f"{row.gpu_s / 3600:.2f}", _num(row.accuracy, ".4f"), _num(row.samples, ",.0f"))
+        return f"_no finished jobs yet_\n\n{summary_line(summary, num_slots, device)}\n"
+    unit, per = _unit(list(table["jct_s"]))  # JCT, wait and run in one unit
+    digits = ".0f" if unit == "s" else ".1f" if unit == "min" else ".2f"
+    rows = [(row.job, row.model, _num(row.jct_s / per, digits), _num(row.wait_s / per, digits),
+             _num(row.run_s / per, digits), row.restarts, row.generations, f"{row.gpu_s / 3600:.2f}",
+             _num(row.accuracy, ".4f"), _num(row.samples, ",.0f"))
             for row in table.itertuples(index=False)]
-    header = ("job", "model", "JCT", "wait", "run", "restarts", "generations", "GPU-h", "accuracy", "samples")
-    return reporting.markdown_table(header, rows, align="llrrrrrrrr") + f"\n\n{summary_line(summary, num_slots)}\n"
+    header = ("job", "model", f"JCT ({unit})", f"wait ({unit})", f"run ({unit})", "restarts", "generations",
+              slot_words(device)[1], "accuracy", "samples")
+    return (reporting.markdown_table(header, rows, align="llrrrrrrrr")
+            + f"\n\n{summary_line(summary, num_slots, device)}\n")
 
 
 def png_markdown(path: Path, alt: str, max_bytes: int = 400_000) -> str:
@@ -226,7 +256,7 @@ def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_s
 
 
 def build_report(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slots: int, out_dir: Path,
-                 title: str = "ONES live cluster", *, now_s: float | None = None) -> ClusterReport:
+                 title: str = "ONES live cluster", *, now_s: float | None = None, device: str = "gpu") -> ClusterReport:
     """Write ``out_dir``/jobs.csv, summary.json, jct_cdf.png and allocation.png (each atomically) and return
     the report. Works with no finished jobs and with spans of unfinished jobs (they appear in the
     allocation plot and count towards utilisation). Spans still running end at ``now_s`` (default now)."""
@@ -247,4 +277,5 @@ def build_report(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slot
         "jct_cdf": plot_jct_cdf(table, out_dir / "jct_cdf.png", title=title),
         "allocation": plot_allocation(jobs, spans, num_slots, out_dir / "allocation.png", title=title, now_s=now),
     }
-    return ClusterReport(table=table, summary=summary, markdown=_markdown(table, summary, num_slots), files=files)
+    return ClusterReport(table=table, summary=summary, markdown=_markdown(table, summary, num_slots, device),
+                         files=files)

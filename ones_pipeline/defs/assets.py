@@ -116,16 +116,47 @@ def cluster_report(context: dg.AssetExecutionContext, ones_env: OnesEnvResource,
             model=str(meta.get("model", ""))))
     spans = [RunSpan(r.job, r.generation, r.slot_ids, r.start_s, r.end_s, r.status) for r in job_run_infos(instance)]
     out_dir = env.layout.report_dir
-    report = build_report(finished, spans, inventory.discover().num_slots, out_dir)
+    slots = inventory.discover()
+    report = build_report(finished, spans, slots.num_slots, out_dir, device=slots.kind)
     md = report.markdown + "\n\n" + png_markdown(report.files["jct_cdf"], "JCT CDF") + "\n\n" + \
         png_markdown(report.files["allocation"], "allocation over time")
     context.log.info(f"cluster report: {len(finished)} finished job(s), files in {out_dir}")
     return dg.MaterializeResult(metadata={
         "report": dg.MetadataValue.md(md),
-        "jobs": len(finished),
-        **{k: float(v) for k, v in report.summary.items() if isinstance(v, (int, float))},
+        "job_table": dg.MetadataValue.table(*_job_table(report.table)),
+        **_summary_metadata(report.summary),
         "directory": dg.MetadataValue.path(str(out_dir)),
     })
+
+
+def _summary_metadata(summary: dict) -> dict:
+    """Rounded, with the unit in the name; utilisation as a percentage."""
+    out = {}
+    for key, value in summary.items():
+        if not isinstance(value, (int, float)) or value != value:  # NaN: nothing to show
+            continue
+        if key == "utilisation":
+            out["utilisation_percent"] = dg.MetadataValue.float(round(100.0 * value, 1))
+        elif key == "gpu_s":
+            out["slot_hours"] = dg.MetadataValue.float(round(value / 3600.0, 3))
+        elif isinstance(value, int) or key in ("jobs", "restarts"):
+            out[key] = dg.MetadataValue.int(int(value))
+        else:
+            out[key] = dg.MetadataValue.float(round(float(value), 1))
+    return out
+
+
+def _job_table(table) -> tuple[list, dg.TableSchema]:
+    """The per-job table as Dagster table metadata (seconds, one unit per column)."""
+    columns = [("job", "string"), ("model", "string"), ("jct_s", "float"), ("wait_s", "float"), ("run_s", "float"),
+               ("restarts", "int"), ("generations", "int"), ("slot_hours", "float"), ("accuracy", "float")]
+    records = []
+    for row in table.itertuples(index=False):
+        values = {"job": row.job, "model": row.model, "jct_s": round(row.jct_s, 1), "wait_s": round(row.wait_s, 1),
+                  "run_s": round(row.run_s, 1), "restarts": int(row.restarts), "generations": int(row.generations),
+                  "slot_hours": round(row.gpu_s / 3600.0, 3), "accuracy": row.accuracy}
+        records.append(dg.TableRecord({k: v for k, v in values.items() if v == v}))  # NaN accuracy left out
+    return records, dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
 
 
 def _float(value):
