@@ -323,3 +323,27 @@ def test_a_run_launched_by_hand_leaves_a_trained_partition_green(project, instan
     assert instance.get_latest_materialization_event(key).run_id == first.run_id
     logs = [e.message for e in instance.all_logs(by_hand.run_id)]
     assert any("already trained" in m and "ones submit" in m for m in logs), logs
+
+
+def test_a_planned_preemption_says_so_on_the_run(project, instance):
+    """A run cancelled by the scheduler whose step checkpointed: no materialization, a log line and a tag
+    saying it was preempted and resumes; without a checkpoint of this generation, neither."""
+    from functools import partial
+
+    spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    config = {"ops": {"training_job": {"config": {
+        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 4).to_json()}}}}
+    outcomes = {}
+    for outcome in ("interrupt", "preempt"):
+        defs = build_definitions(str(project), launcher=partial(InMemoryLauncher, outcome=outcome))
+        resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
+        outcomes[outcome] = dg.materialize([training_job], partition_key="job-a", instance=instance,
+                                           run_config=config, resources=resources, raise_on_error=False)
+    assert "job-a" not in instance.get_materialized_partitions(dg.AssetKey("training_job"))
+    planned = instance.get_run_by_id(outcomes["preempt"].run_id)
+    assert planned.tags["ones/outcome"] == "preempted, checkpointed"
+    logs = [e.message for e in instance.all_logs(planned.run_id)]
+    assert any(m.startswith("preempted by ones: job-a generation 4 checkpointed at 100 samples") for m in logs)
+    crashed = instance.get_run_by_id(outcomes["interrupt"].run_id)
+    assert "ones/outcome" not in crashed.tags

@@ -101,6 +101,10 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "batch_factors", [], "ones: batch_factors must be a non-empty list"),
     (OnesParams, "batch_factors", [1.0, 0.0], r"ones: batch_factors\[\] must be a finite number > 0.0"),
     (OnesParams, "use_efficiency", "yes", "ones: use_efficiency must be true or false"),
+    (OnesParams, "job_batch", 1, "ones: job_batch must be true or false"),
+    (OnesParams, "shrink_cost_factor", 0.5, "ones: shrink_cost_factor must be a finite number >= 1.0"),
+    (OnesParams, "recipe_first", "no", "ones: recipe_first must be true or false"),
+    (OnesParams, "max_scale_out", 0.5, "ones: max_scale_out must be a finite number >= 1.0, got 0.5"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -134,3 +138,112 @@ def test_ones_params_are_frozen_and_normalised():
     assert p.to_dict()["batch_factors"] == [1.0, 2.0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.population = 3  # type: ignore[misc]
+
+
+# -- jobs that tune their own batch (OnesParams.job_batch) -------------------------------------------
+def _pollux_like(name, requested=2, obs=(), gns=2000.0, submit=0.0):
+    """A job with a Pollux-style batch range (M0 64, up to 4096, micro-batch 16..256)."""
+    spec = JobSpec(name=name, model="m", dataset_size=50_000, per_gpu_batch=64, min_global_batch=64,
+                   max_global_batch=4096, min_per_gpu_batch=16, max_per_gpu_batch=256, requested_gpus=requested,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=20.0), submit_time_s=submit)
+    return JobView(spec=spec, status=JobStatus.RUNNING if obs else JobStatus.PENDING, submit_time_s=submit,
+                   throughput_obs=tuple(obs), grad_noise_scale=gns if obs else None)
+
+
+# Step times of one job measured in one node and across two (sync dominated when crossing nodes).
+_OBS = (ThroughputObs(1, 1, 64, 0.10, 0.0), ThroughputObs(2, 1, 64, 0.12, 0.02),
+        ThroughputObs(4, 1, 64, 0.13, 0.03), ThroughputObs(8, 2, 64, 0.40, 0.30))
+
+
+def test_ones_lets_jobs_tune_their_batch_and_starts_them_at_the_batch_they_would_pick():
+    from ones_pipeline.core.goodput import job_batch
+
+    cluster = Cluster.uniform(2, 4)
+    jobs = [_pollux_like("a", obs=_OBS), _pollux_like("b", requested=1)]
+    schedule = OnesPolicy(seed=0).decide(0.0, cluster, jobs, Schedule())
+    assert schedule.allocations
+    for name, alloc in schedule.allocations.items():
+        v = next(j for j in jobs if j.name == name)
+        micro, accum = job_batch(v.spec, v.throughput_obs, v.grad_noise_scale, len(cluster.placement(alloc.gpus)),
+                                 alloc.num_gpus)
+        assert alloc.batch_tuned_by_job
+        assert alloc.global_batch == alloc.num_gpus * micro * (accum + 1)
+    # Without job_batch the policy picks the batch itself, from the per-GPU batch multiples.
+    fixed = OnesPolicy(seed=0, job_batch=False).decide(0.0, cluster, jobs, Schedule())
+    assert not any(a.batch_tuned_by_job for a in fixed.allocations.values())
+
+
+def test_a_kept_allocation_keeps_its_batch_and_is_flagged_without_a_restart():
+    cluster = Cluster.uniform(1, 4)
+    jobs = [_pollux_like("a", requested=4, obs=_OBS)]
+    current = Schedule({"a": Allocation("a", (0, 1, 2, 3), 512, 0.1)})
+    schedule = OnesPolicy(seed=0).decide(0.0, cluster, jobs, current)
+    alloc = schedule.allocations["a"]
+    assert alloc.gpus == (0, 1, 2, 3) and alloc.global_batch == 512 and alloc.lr == 0.1
+    assert alloc.batch_tuned_by_job
+
+
+def test_the_goodput_table_uses_the_jobs_own_batch_at_the_consolidated_node_count():
+    from ones_pipeline.core import goodput as gp
+    from ones_pipeline.core.policies.ones_goodput import tuned_table
+
+    cluster = Cluster.uniform(4, 4)
+    job = _pollux_like("a", obs=_OBS)
+    table = tuned_table(cluster, [job], np.array([8]))
+    m0, top, lo, hi = gp.batch_limits(job.spec)
+    params = gp.fitted(_OBS)
+    for n, nodes in ((1, 1), (4, 1), (5, 2), (8, 2)):
+        want, _, _ = gp.best_batch(params, 2000.0, m0, top, lo, hi, nodes, n)
+        assert table[0, n] == pytest.approx(float(want))
+    # Crossing nodes is expensive for this job: 5 GPUs (two nodes) are worth less than 4 (one).
+    assert table[0, 5] < table[0, 4]
+
+
+def test_a_job_kept_on_a_split_placement_is_valued_on_that_placement():
+    from ones_pipeline.core.policies.ones_goodput import current_goodput, tuned_table
+
+    cluster = Cluster.uniform(2, 4)
+    job = _pollux_like("a", obs=_OBS)
+    split = Schedule({"a": Allocation("a", (2, 3, 4, 5), 256, 0.1)})  # 2 + 2 GPUs on two nodes
+    rate, nodes = current_goodput(cluster, [job], split)
+    assert nodes.tolist() == [2]
+    assert rate[0] < tuned_table(cluster, [job], np.array([4]))[0, 4]  # in one node it would run faster
+    queued, _ = current_goodput(cluster, [job], Schedule())
+    assert queued.tolist() == [0.0]
+
+
+def test_scale_out_limit_bounds_growth_by_what_the_job_has_measured():
+    from ones_pipeline.core.policies.ones_goodput import scale_limits
+
+    few = (ThroughputObs(2, 1, 64, 0.12, 0.02),)
+    jobs = [_pollux_like("a", requested=1, obs=few), _pollux_like("b", requested=3)]
+    caps = np.array([64, 64])
+    assert scale_limits(jobs, caps, 2.0).tolist() == [4, 3]  # 2 x 2 measured; unmeasured: its request
+    assert scale_limits(jobs, caps, None).tolist() == [64, 64]  # 4096 / 16 = 256 > 64
+    assert scale_limits(jobs, np.array([8, 8]), 2.0).tolist() == [4, 3]
+
+
+def test_recipe_first_starts_an_unmeasured_job_on_its_submitted_batch_then_lets_it_tune():
+    cluster = Cluster.uniform(1, 4)
+    fresh = _pollux_like("b", requested=2)
+    schedule = OnesPolicy(seed=0, recipe_first=True).decide(0.0, cluster, [fresh], Schedule())
+    alloc = schedule.allocations["b"]
+    assert not alloc.batch_tuned_by_job and alloc.global_batch == 64 * alloc.num_gpus  # the recipe
+    # Once it has measured itself, the same GPUs are flagged for tuning (no new batch, so no restart).
+    measured = _pollux_like("b", requested=2, obs=_OBS[:2])
+    again = OnesPolicy(seed=0, recipe_first=True).decide(60.0, cluster, [measured], schedule)
+    if again.allocations["b"].gpus == alloc.gpus:
+        assert again.allocations["b"].batch_tuned_by_job and again.allocations["b"].global_batch == alloc.global_batch
+
+
+def test_shrinking_a_running_job_costs_more_with_a_shrink_cost_factor():
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]])
+    args = (4, np.array([4]), table, np.array([1e5]), np.array([4]), np.array([30.0]), np.array([0.0]),
+            np.array([4]))
+    pop = np.array([[2], [4]])
+    plain = _Ctx(*args).fitness(pop)
+    dear = _Ctx(*args, shrink_cost_factor=3.0).fitness(pop)
+    assert dear[1] == plain[1]  # unchanged: no cost either way
+    assert dear[0] > plain[0]

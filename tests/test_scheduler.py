@@ -111,3 +111,31 @@ def test_the_policy_state_in_the_cursor_is_carried_on_even_with_partial_params()
     assert restored.to_dict()["state"] == cursor["policy"]["state"] and cursor["policy"]["state"]
     other = _policy(cursor, SchedulerSettings(params={"generations": 6}))
     assert other.to_dict()["state"] != cursor["policy"]["state"]  # other parameters: a fresh search
+
+
+def test_a_policy_batch_beyond_what_the_processes_hold_is_clamped_not_a_crash():
+    """A job-tuned batch may need gradient accumulation (simulator); the live step has none: the launch
+    gets the largest batch its processes can hold, a valid RunAllocation."""
+    from ones_pipeline.core.types import Allocation, Schedule
+
+    class Greedy:
+        name = "greedy"
+
+        def decide(self, now, cluster, jobs, current):
+            return Schedule({"a": Allocation("a", (0,), 200, 0.2, batch_tuned_by_job=True)})
+
+        def to_dict(self):
+            return {"name": "greedy", "seed": 0, "params": {}, "state": {}}
+
+    from ones_pipeline.core import policies
+
+    policies.register("greedy-test")(lambda seed=0, **kw: Greedy())
+    try:
+        capped = JobSpec(name="a", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
+                         max_lr=0.4, max_per_gpu_batch=64, stopping=StoppingRule(StopKind.EPOCHS, epochs=5))
+        inputs = TickInputs(now=0.0, specs={"a": capped}, finished=frozenset(), runs=[], progress={},
+                            slot_ids=(0, 1), cluster=Cluster((2,)))
+        (launch,) = plan_tick(inputs, SchedulerSettings(policy="greedy-test")).launches
+        assert launch.global_batch == 64 and launch.lr == lr_for_batch(capped, 64)
+    finally:
+        policies.POLICIES.pop("greedy-test")

@@ -9,7 +9,10 @@ from ones_pipeline.adapters.inventory import inventory_source
 from ones_pipeline.config import EnvConfig, load_job_specs
 
 STATE_OF_RUN = {"QUEUED": "queued", "NOT_STARTED": "queued", "STARTING": "starting", "STARTED": "running",
-                "CANCELING": "preempting", "CANCELED": "paused", "FAILURE": "retrying", "SUCCESS": "finished"}
+                "CANCELING": "preempting", "CANCELED": "paused", "FAILURE": "retrying",
+                # A run that ended SUCCESS without materializing was preempted after its checkpoint (tag
+                # ones/outcome); finished jobs are told by their materialization, not by this.
+                "SUCCESS": "paused"}
 STATUS_COLUMNS = ["job", "state", "slots", "batch", "progress", "eta", "restarts"]
 
 

@@ -5,7 +5,7 @@
       dagster.pid         the daemon / `dagster dev` process this project started
       daemon.log          the headless daemon's output (`ones run`)
       mlflow.db           the default MLflow store (sqlite), mlartifacts/ beside it
-      jobs/<job>/         one job's checkpoints, MLflow run id, result.json
+      jobs/<job>/         one job's checkpoints, MLflow run id, result.json, progress.jsonl (rank 0's events)
       scheduler.paused    present while `ones up`/`ones run` drain the runs before Dagster stops
       failed_jobs.json    jobs the scheduler gave up on, with the reason
       spec_errors.json    job spec files skipped at the last tick, with the reason
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ones_pipeline.core.types import JOB_NAME_RE
+
+PROGRESS_FILE = "progress.jsonl"  # in a job's directory: rank 0's events (epochs, MLflow run, stops)
 
 
 @dataclass(frozen=True)

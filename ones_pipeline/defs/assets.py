@@ -8,14 +8,17 @@ resumes).
 No ``from __future__ import annotations``: Dagster resolves Config and resource annotations at runtime.
 """
 
+import json
 import time
 
 import dagster as dg
 
+from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_infos
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.runs import TAG_OUTCOME
 
 JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
 TRAIN_JOB_NAME = "train_job"
@@ -62,12 +65,50 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         return
     allocation = _allocation(job, config)
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
-    results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
+    started_s = time.time()
+    try:
+        results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
+    except dg.DagsterExecutionInterruptedError:
+        stopped = _checkpointed_stop(launcher, allocation, started_s)
+        if stopped is not None:
+            _report_preempted(context, allocation, stopped)
+        # Re-raised even after a clean checkpoint: once a Pipes session ran, Dagster requires the step to
+        # yield its asset output (a materialization), so the only clean end left would be a false one.
+        raise
     if not results:
         raise dg.Failure(f"{job} generation {allocation.generation}: the training step ended without finishing "
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
     yield _materialization(context, allocation, mlflow, results[0])
+
+
+def _checkpointed_stop(launcher: StepLauncher, allocation: RunAllocation, since_s: float) -> dict | None:
+    """The step's "stopped" event of this generation since ``since_s`` (its rank 0 wrote a checkpoint), or
+    None."""
+    path = launcher.ones_env.config().job_state_dir(allocation.job) / PROGRESS_FILE
+    try:
+        lines = path.read_text().splitlines()[-50:]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("event") == "stopped" and row.get("generation") == allocation.generation \
+                and float(row.get("time_s", 0)) >= since_s:
+            return row
+    return None
+
+
+def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocation, stopped: dict) -> None:
+    """A planned preemption: say so in the run log and on the run (tag ``ones/outcome``), before Dagster
+    records the interrupt."""
+    message = (f"preempted by ones: {allocation.job} generation {allocation.generation} checkpointed at "
+               f"{int(stopped.get('samples', 0))} samples (epoch {stopped.get('epoch')}); it resumes from the "
+               "checkpoint in a new generation when the scheduler gives it slots again")
+    context.log.info(message)
+    context.instance.add_run_tags(context.run.run_id, {TAG_OUTCOME: "preempted, checkpointed"})
 
 
 def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,

@@ -14,11 +14,15 @@ run config carries it (``RunAllocation.to_json``), the job's state directory, th
 period and the seed. No ``from __future__ import annotations``: Dagster resolves annotations at runtime.
 """
 
+import json
 import sys
+import time
+from pathlib import Path
 
 import dagster as dg
 
 from ones_pipeline.config import EnvConfig
+from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.defs.resources import MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
 
@@ -72,7 +76,9 @@ class DockerLauncher(StepLauncher):
 class InMemoryLauncher(StepLauncher):
     """For tests: no step runs. ``outcome="finish"`` reports the materialization a finished step reports
     (``accuracy``, the samples of its stopping rule); ``"stop"`` reports nothing, as a step stopped with
-    a checkpoint does; ``"fail"`` raises as a crashed step does."""
+    a checkpoint does; ``"fail"`` raises as a crashed step does; ``"preempt"`` is a cancelled run whose
+    step checkpointed (rank 0's "stopped" event, then Dagster's interrupt); ``"interrupt"`` a cancelled
+    run whose step did not."""
 
     outcome: str = "finish"
     accuracy: float = 0.9
@@ -85,6 +91,12 @@ class InMemoryLauncher(StepLauncher):
             raise dg.Failure(f"{allocation.job} generation {allocation.generation}: in-memory step failed")
         if self.outcome == "stop":
             return []
+        if self.outcome in ("preempt", "interrupt"):
+            if self.outcome == "preempt":
+                with open(Path(extras["state_dir"]) / PROGRESS_FILE, "a") as fh:
+                    fh.write(json.dumps({"event": "stopped", "samples": 100, "epoch": 0.1, "time_s": time.time(),
+                                         "generation": allocation.generation}) + "\n")
+            raise dg.DagsterExecutionInterruptedError("run terminated (in-memory launcher)")
         spec = allocation.spec
         samples = spec.stopping.total_samples(spec.dataset_size) or spec.dataset_size
         return [dg.MaterializeResult(metadata={

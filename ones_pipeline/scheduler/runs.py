@@ -23,6 +23,7 @@ TAG_SLOTS = "ones/slots"  # comma-separated slot ids, e.g. "0,1" (GPU ids, or CP
 TAG_BATCH = "ones/global-batch"
 TAG_REASON = "ones/reason"
 TAG_PREVIOUS = "ones/previous-slots"
+TAG_OUTCOME = "ones/outcome"  # set when a run is preempted after a clean checkpoint: "preempted, checkpointed"
 # One tag per slot held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, its value the job; dagster.yaml limits
 # each key to one run.
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
 from ones_pipeline.core.types import JobSpec, StopKind, spec_from_dict, spec_to_dict
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
@@ -52,7 +53,6 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
-PROGRESS_FILE = "progress.jsonl"  # rank 0's events for the launcher to relay (see TrainingSession._report)
 # Seconds a rank waits in a collective for its peers before failing (a peer was killed).
 COLLECTIVE_TIMEOUT_S = 120
 
@@ -460,6 +460,10 @@ class TrainingSession:
             self._run.log_metrics(self.metrics(), step=self.progress.samples_done)
             self._run.finish(status)
         self.stopped = True
+        if self.is_main:  # the orchestrator reads this to tell a planned preemption from a crash
+            self._report({"event": "stopped", "samples": self.progress.samples_done,
+                          "epoch": round(self.progress.samples_done / self.dataset_size, 3),
+                          "generation": self.p.generation})
         log.info("stopped at %d samples (epoch %.2f): checkpoint written", self.progress.samples_done,
                  self.progress.samples_done / self.dataset_size)
 

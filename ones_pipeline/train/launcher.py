@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.api import PROGRESS_FILE, Placement, spec_to_json
+from ones_pipeline.train.api import Placement, spec_to_json
 from ones_pipeline.train.checkpoint import check_state_dir
 
 log = logging.getLogger("ones_pipeline.train")

@@ -7,8 +7,11 @@ and resizing, repair, truncation selection), but:
 * fitness is the predicted sum of completion times of **all** active jobs: a scheduled job finishes
   after its restart/resize cost (when its allocation changes) plus remaining work / goodput; a queued
   job waits until enough GPUs free up (jobs served shortest-remaining first), then runs;
-* goodput (throughput x statistical efficiency of the larger batch) from the fitted step-time model
-  (compute + all-reduce + crossing nodes, ``core.throughput``) instead of linear extrapolation;
+* jobs tune their own batch (``Allocation.batch_tuned_by_job``, as under Pollux), and the fitness predicts
+  the goodput of the batch each job will pick (``ones_goodput``: Pollux's fitted step-time model and the
+  job's noise scale, ``core.goodput.job_batch``) at the node count of its placement; a batch change alone
+  costs no restart (``job_batch`` False: the older rule, the better of 1x and 2x the per-GPU batch from
+  ``core.throughput``);
 * the population is one ``(population, jobs)`` array of GPU counts, evaluated vectorised, warm-started
   from the previous round's population (remapped by job name), the current schedule and a greedy
   seed; generations per round are fixed (deterministic) and optionally bounded by a wall-clock budget.
@@ -36,6 +39,7 @@ from ones_pipeline.core.policies.base import (
     check_int,
     check_probability,
 )
+from ones_pipeline.core.policies.ones_goodput import current_goodput, scale_limits, tuned_schedule, tuned_table
 from ones_pipeline.core.types import Cluster, JobView, Schedule
 
 
@@ -48,12 +52,20 @@ class OnesParams(PolicyParams):
     ``time_budget_s`` when given (live sensors; the simulator leaves it off so decisions are
     reproducible); ``crossover_p`` uniform crossover; ``removal_p`` / ``resize_p`` expected job removals /
     resizes (x2, /2; also +1, -1 with ``fine_resize``) per 4 jobs of a child; ``restart_cost_s`` charged
-    to every job whose GPU count changes; ``immune_epochs``: younger jobs are never removed;
+    to every job whose GPU count changes (x ``shrink_cost_factor`` when it shrinks: it will likely grow
+    back, a second restart); larger than the 30 s a restart really costs because the fitness credits a
+    change with its benefit until the horizon, though the allocation is revisited every round;
+    ``immune_epochs``: younger jobs are never removed;
     ``use_efficiency``: goodput (True) or raw throughput (False); ``gpu_time_weight`` x active jobs x
     overload (how far the active jobs' requests exceed the cluster, clipped to [0, 1]) per cluster-second
     of GPU time spent beyond the job's most GPU-efficient size (0: off); ``horizon_s`` of the fitness (see
     ``_Ctx.fitness``); ``batch_factors``: per-GPU batch multiples tried for each count (the best goodput
-    wins).
+    wins; only with ``job_batch`` False). ``job_batch``: jobs tune their own batch
+    (``Allocation.batch_tuned_by_job``) and the fitness predicts the goodput of the batch each job will
+    pick, at the node count of a consolidated placement (of its real placement when its count is
+    unchanged); ``max_scale_out``: with ``job_batch``, a job gets at most this multiple of the most GPUs
+    it has measured (at least its request; None: no such limit); ``recipe_first``: with ``job_batch``, a
+    job that has not measured its throughput and noise scale yet runs its submitted recipe (untuned).
     """
 
     policy = "ones"
@@ -64,13 +76,17 @@ class OnesParams(PolicyParams):
     crossover_p: float = 0.5
     removal_p: float = 0.1
     resize_p: float = 0.2
-    restart_cost_s: float = 30.0
+    restart_cost_s: float = 120.0
     immune_epochs: float = 0.0
     use_efficiency: bool = True
     gpu_time_weight: float = 0.5
     horizon_s: float = 1800.0
     batch_factors: tuple[float, ...] = (1.0, 2.0)
     fine_resize: bool = False
+    job_batch: bool = True
+    max_scale_out: float | None = None
+    recipe_first: bool = False
+    shrink_cost_factor: float = 1.0
 
     def __post_init__(self) -> None:
         n = self.policy
@@ -92,6 +108,11 @@ class OnesParams(PolicyParams):
             horizon_s=check_float(n, "horizon_s", self.horizon_s, 0.0, strict_min=True),
             batch_factors=tuple(check_float(n, "batch_factors[]", f, 0.0, strict_min=True) for f in factors),
             fine_resize=check_bool(n, "fine_resize", self.fine_resize),
+            job_batch=check_bool(n, "job_batch", self.job_batch),
+            shrink_cost_factor=check_float(n, "shrink_cost_factor", self.shrink_cost_factor, 1.0),
+            recipe_first=check_bool(n, "recipe_first", self.recipe_first),
+            max_scale_out=(None if self.max_scale_out is None else
+                           check_float(n, "max_scale_out", self.max_scale_out, 1.0)),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -160,15 +181,25 @@ class OnesPolicy(PolicyBase):
         best = self._search(ctx, jobs)  # (J,) GPU counts
         # Place the jobs that finish soonest first (ties: earlier submission).
         order = np.lexsort((ctx.submit, ctx.solo_time(best)))
-        return schedule_from_counts(cluster, jobs, best, current, order, batches)
+        schedule = schedule_from_counts(cluster, jobs, best, current, order, batches)
+        if not self.config.job_batch:
+            return schedule
+        return tuned_schedule(cluster, jobs, schedule, current, self.config.recipe_first)
 
     def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> tuple[_Ctx, np.ndarray]:
         """The arrays of this decision, and the global batch of each job at each GPU count (J, N+1)."""
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = _caps(cluster, jobs)
-        table, batches = _goodput_table(cluster, jobs, int(caps.max()), c.use_efficiency,
-                                        c.batch_factors)  # (J, N+1) each
+        cur_rate = None
+        if c.job_batch:
+            caps = scale_limits(jobs, caps, c.max_scale_out)
+            table = tuned_table(cluster, jobs, caps, c.use_efficiency, c.recipe_first)  # (J, N+1)
+            batches = None
+            cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first)  # (J,)
+        else:
+            table, batches = _goodput_table(cluster, jobs, int(caps.max()), c.use_efficiency,
+                                            c.batch_factors)  # (J, N+1) each
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
@@ -177,7 +208,7 @@ class OnesPolicy(PolicyBase):
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   c.gpu_time_weight * J * overload, c.horizon_s)
+                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
@@ -253,8 +284,12 @@ class _Ctx:
 
     def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
-                 gpu_time_weight: float = 0.0, horizon_s: float = 1800.0):
+                 gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
+                 shrink_cost_factor: float = 1.0):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
+        self.shrink_cost_factor = shrink_cost_factor
+        # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
+        self.cur_rate = cur_rate
         self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
         self.change_cost, self.submit = change_cost, submit
         J = len(caps)
@@ -354,11 +389,17 @@ class _Ctx:
         H = self.horizon_s
         on = pop > 0
         cost = np.where((pop != self.cur[None, :]) & on, self.change_cost[None, :], 0.0)
+        # A running job shrunk now will most likely grow back later: a second restart.
+        cost = np.where(on & (pop < self.cur[None, :]), cost * self.shrink_cost_factor, cost)
         run = self.run_time[self.idx[None, :], pop]  # (P, J); inf where n = 0
+        rate = self.table[self.idx[None, :], np.where(on, pop, self.need[None, :])]  # goodput while running
+        if self.cur_rate is not None:
+            kept = on & (pop == self.cur[None, :]) & (self.cur_rate[None, :] > 0)
+            rate = np.where(kept, self.cur_rate[None, :], rate)
+            run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
         finish = np.where(on, cost + run, np.inf)
         start = np.where(on, cost, self._queue_start(pop, finish) + self.change_cost[None, :])
         n_eff = np.where(on, pop, self.need[None, :])
-        rate = self.table[self.idx[None, :], n_eff]  # goodput while running
         done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
         left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
         late = H + np.maximum(left, 0.0) / self.ref_rate[None, :]

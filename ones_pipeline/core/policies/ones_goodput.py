@@ -1,0 +1,146 @@
+"""Goodput tables of the ``ones`` policy when jobs tune their own batch (``OnesParams.job_batch``).
+
+A job that tunes its own batch (``Allocation.batch_tuned_by_job``) picks, for the GPUs it holds, the
+batch ``core.goodput.job_batch`` gives: the goodput-optimal batch under its own fitted step-time model
+and measured noise scale, or, before it has measured anything, its smallest batch. The fitness must
+predict the goodput of *that* batch, at the node count the placement will give, or it optimises a
+schedule the jobs will not run. These functions compute it with the same model and the same batch
+search (``core.goodput.best_batch``), vectorised over (job, GPU count) pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ones_pipeline.core import estimates
+from ones_pipeline.core import goodput as gp
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
+
+
+def node_counts(cluster: Cluster, max_n: int) -> np.ndarray:
+    """(max_n + 1,) nodes a consolidated placement of n GPUs spans (index 0 unused): ceil(n / node size)."""
+    n = np.arange(max_n + 1)
+    return np.maximum(np.ceil(n / max(cluster.gpus_per_node)), 1).astype(np.int64)
+
+
+def _measured(job: JobView) -> bool:
+    return bool(job.throughput_obs) and job.grad_noise_scale is not None
+
+
+def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
+                     use_efficiency: bool, recipe_first: bool) -> np.ndarray:
+    """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with, from
+    ``core.estimates`` (the job's own fit, else its model's mean fit, else the prior) and the prior noise
+    scale. The start batch: with ``recipe_first`` the submitted recipe (``batch_and_lr``), else, as
+    ``job_batch``, max(M0, smallest micro-batch x GPUs)."""
+    params = estimates.fitted_params(jobs).select(rows)
+    gns = estimates.noise_scales(jobs)[rows]
+    lim = np.array([gp.batch_limits(j.spec) for j in jobs])[rows]  # (R, 4)
+    if recipe_first:
+        per_gpu = np.array([j.spec.per_gpu_batch for j in jobs], dtype=float)[rows]
+        cap = np.array([j.spec.global_batch_cap for j in jobs], dtype=float)[rows]
+        batch = np.minimum(per_gpu * replicas, cap)
+    else:
+        batch = np.maximum(lim[:, 0], lim[:, 2] * replicas)
+    micro, accum = gp.split_for(batch, replicas, lim[:, 3], lim[:, 0])
+    return estimates.goodput_of(params, gns, lim[:, 0], lim[:, 3], replicas, nodes, micro * (accum + 1) * replicas,
+                                use_efficiency=use_efficiency)
+
+
+def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
+                  use_efficiency: bool = True, recipe_first: bool = False) -> np.ndarray:
+    """(R,) goodput (base-equivalent samples/s) of ``jobs[rows[i]]`` on ``nodes[i]`` nodes x
+    ``replicas[i]`` GPUs with the batch the job will pick there itself (``core.goodput.job_batch``).
+
+    Measured jobs: ``best_batch`` under their fitted Pollux model and noise scale (the job's own choice);
+    ``use_efficiency`` False counts raw samples/s of that batch. Others: ``_untuned_goodput``.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros(len(rows))
+    measured = np.array([_measured(j) for j in jobs], dtype=bool)
+    m = measured[rows]
+    if m.any():
+        rj = rows[m]
+        uniq, inv = np.unique(rj, return_inverse=True)
+        params = np.stack([gp.fitted(tuple(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
+        gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
+        lim = np.array([gp.batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)
+        good, micro, accum = gp.best_batch(params, gns, lim[:, 0], lim[:, 1], lim[:, 2], lim[:, 3],
+                                           nodes[m].astype(float), replicas[m].astype(float))
+        if not use_efficiency:
+            good = gp.throughput(params, nodes[m], replicas[m], micro, accum)
+        out[m] = good
+    if (~m).any():
+        out[~m] = _untuned_goodput(jobs, rows[~m], nodes[~m].astype(float), replicas[~m].astype(float),
+                                   use_efficiency, recipe_first)
+    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
+
+
+def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
+                use_efficiency: bool = True, recipe_first: bool = False) -> np.ndarray:
+    """(J, N + 1) goodput of each job on n = 0..N GPUs placed on as few nodes as possible (N = max of
+    ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself."""
+    J, N = len(jobs), int(caps.max())
+    table = np.zeros((J, N + 1))
+    rows = np.repeat(np.arange(J), caps)
+    reps = np.concatenate([np.arange(1, c + 1) for c in caps]) if J else np.zeros(0, dtype=np.int64)
+    table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps, use_efficiency, recipe_first)
+    return table
+
+
+def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
+                    use_efficiency: bool = True, recipe_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(goodput, nodes)`` of each job on the GPUs it holds now, both (J,) (0 for queued jobs): a job
+    whose count is unchanged keeps its GPUs, so its goodput is that of its real (maybe split) placement."""
+    held = [current.gpus_of(j.name) for j in jobs]
+    nodes = np.array([len(set(int(cluster.node_of[g]) for g in h)) for h in held], dtype=np.int64)
+    reps = np.array([len(h) for h in held], dtype=np.int64)
+    rows = np.flatnonzero(reps > 0)
+    out = np.zeros(len(jobs))
+    if rows.size:
+        out[rows] = tuned_goodput(jobs, rows, nodes[rows], reps[rows], use_efficiency, recipe_first)
+    return out, nodes
+
+
+def scale_limits(jobs: Sequence[JobView], caps: np.ndarray, scale_out: float | None) -> np.ndarray:
+    """(J,) the most GPUs each job may get: its cap, at most what keeps one micro-batch per GPU within its
+    largest batch, and, with ``scale_out``, at most ``scale_out`` x the most GPUs it has measured (but
+    never below its request): the fitted model is optimistic about sizes the job has not tried."""
+    out = np.array(caps, dtype=np.int64)
+    for i, j in enumerate(jobs):
+        _, top, lo_micro, _ = gp.batch_limits(j.spec)
+        limit = max(int(top // lo_micro), 1)
+        if scale_out is not None:
+            seen = max((o.num_gpus for o in j.throughput_obs), default=0)
+            limit = min(limit, max(int(math.ceil(scale_out * seen)), j.spec.requested_gpus, 1))
+        out[i] = max(1, min(out[i], limit))
+    return out
+
+
+def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule, current: Schedule,
+                   recipe_first: bool = False) -> Schedule:
+    """``schedule`` with allocations marked ``batch_tuned_by_job``: a job on new GPUs starts with the
+    batch ``core.goodput.job_batch`` gives for its real placement (it re-tunes from there itself); a job
+    on unchanged GPUs keeps its batch (setting the flag alone costs no restart). With ``recipe_first`` a
+    job that has not measured its throughput and noise scale yet runs its submitted recipe, untuned."""
+    by_name = {j.name: j for j in jobs}
+    out: dict[str, Allocation] = {}
+    for name, alloc in schedule.allocations.items():
+        v = by_name[name]
+        tune = not recipe_first or _measured(v)
+        old = current.allocations.get(name)
+        if old is not None and old.gpus == alloc.gpus:
+            out[name] = old if old.batch_tuned_by_job or not tune else replace(old, batch_tuned_by_job=True)
+        elif not tune:
+            out[name] = Allocation.for_spec(v.spec, alloc.gpus)
+        else:
+            n = alloc.num_gpus
+            micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale,
+                                        len(cluster.placement(alloc.gpus)), n)
+            batch = n * micro * (accum + 1)
+            out[name] = Allocation(name, alloc.gpus, batch, lr_for_batch(v.spec, batch), batch_tuned_by_job=True)
+    return Schedule(out)
