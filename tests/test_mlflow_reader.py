@@ -9,7 +9,6 @@ import math
 import shutil
 import sqlite3
 import time
-from pathlib import Path
 
 import pytest
 
@@ -18,9 +17,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow_helpers import (  # noqa: E402
     EXP,
-    copy_store,
     log_config,
-    make_template,
     same,
     schema_revision,
     set_schema_revision,
@@ -43,14 +40,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWar
 UNKNOWN_REVISION = "0123456789ab"
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    return make_template(tmp_path_factory.mktemp("mlflow-template"))
-
-
-@pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    return copy_store(template_db, tmp_path)
 
 
 def test_read_progress_histories_samples_and_throughput_medians(uri, tmp_path):

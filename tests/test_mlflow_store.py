@@ -5,14 +5,13 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
-from mlflow_helpers import EXP, copy_store, make_template  # noqa: E402
+from mlflow_helpers import EXP, copy_store  # noqa: E402
 
 from ones_pipeline.adapters.mlflow import (  # noqa: E402
     JobRun,
@@ -29,14 +28,6 @@ from ones_pipeline.adapters.mlflow import (  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    return make_template(tmp_path_factory.mktemp("mlflow-template"))
-
-
-@pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    return copy_store(template_db, tmp_path)
 
 
 # --------------------------------------------------------------------------- store set-up

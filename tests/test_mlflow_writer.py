@@ -1,13 +1,12 @@
 """The training step's MLflow run (``adapters.mlflow.writer.JobRun``) against a real SQLite store in tmp_path."""
 
-from pathlib import Path
 
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
-from mlflow_helpers import EXP, copy_store, job_spec, make_template  # noqa: E402
+from mlflow_helpers import EXP, job_spec  # noqa: E402
 
 from ones_pipeline.adapters.mlflow import MAX_PARAM_VAL_LENGTH, JobRun, TrackerError  # noqa: E402
 
@@ -15,14 +14,6 @@ from ones_pipeline.adapters.mlflow import MAX_PARAM_VAL_LENGTH, JobRun, TrackerE
 pytestmark = pytest.mark.filterwarnings("ignore::sqlalchemy.exc.SADeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def template_db(tmp_path_factory) -> Path:
-    return make_template(tmp_path_factory.mktemp("mlflow-template"))
-
-
-@pytest.fixture
-def uri(template_db, tmp_path) -> str:
-    return copy_store(template_db, tmp_path)
 
 
 def test_jobrun_resumes_the_same_run_across_restarts(uri, tmp_path):

@@ -68,17 +68,22 @@ DEFAULT_PARAMS = ThroughputParams(c0=0.01, c1=1e-3, s0=0.005, s1=0.002, x0=0.02,
 _SYNC_PRIOR_FRACTIONS = np.array([0.05, 0.02, 0.2, 0.1])
 
 
-def features(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
-    """(..., 6) design matrix rows for the step-time equation: the factor of each parameter, in field
-    order, so that ``step = features @ params``."""
+def _factors(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> tuple[np.ndarray, ...]:
+    """``(a + 1, b, n > 1, n - 1, k > 1, k - 1)`` as float arrays, broadcast against each other."""
     n = np.asarray(num_gpus, dtype=float)
     k = np.asarray(num_nodes, dtype=float)
     b = np.asarray(per_gpu_batch, dtype=float)
     a1 = np.asarray(accum_steps, dtype=float) + 1.0
     multi = (n > 1).astype(float)
     cross = (k > 1).astype(float)
-    n, k, b, a1, multi, cross = np.broadcast_arrays(n, k, b, a1, multi, cross)
-    return np.stack([a1, a1 * b, multi, multi * (n - 1), cross, cross * (k - 1)], axis=-1)
+    return tuple(np.broadcast_arrays(a1, b, multi, n - 1, cross, k - 1))
+
+
+def features(num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
+    """(..., 6) design matrix rows for the step-time equation: the factor of each parameter, in field
+    order, so that ``step = features @ params``."""
+    a1, b, multi, n1, cross, k1 = _factors(num_gpus, num_nodes, per_gpu_batch, accum_steps)
+    return np.stack([a1, a1 * b, multi, multi * n1, cross, cross * k1], axis=-1)
 
 
 def step_time(params: ThroughputParams, num_gpus, num_nodes, per_gpu_batch, accum_steps=0) -> np.ndarray:
@@ -86,15 +91,10 @@ def step_time(params: ThroughputParams, num_gpus, num_nodes, per_gpu_batch, accu
     if not isinstance(params, ThroughputParams):
         raise TypeError(f"params must be ThroughputParams, got {type(params).__name__}")
     c0, c1, s0, s1, x0, x1 = (np.asarray(v, dtype=float) for v in params)
-    n = np.asarray(num_gpus, dtype=float)
-    k = np.asarray(num_nodes, dtype=float)
-    b = np.asarray(per_gpu_batch, dtype=float)
-    a1 = np.asarray(accum_steps, dtype=float) + 1.0
-    multi = (n > 1).astype(float)
-    cross = (k > 1).astype(float)
+    a1, b, multi, n1, cross, k1 = _factors(num_gpus, num_nodes, per_gpu_batch, accum_steps)
     # The factors of ``features`` times the parameters, summed left to right in field order: the same
     # floating-point result as ``features @ params``, without building the (..., 6) array.
-    step = a1 * c0 + a1 * b * c1 + multi * s0 + multi * (n - 1) * s1 + cross * x0 + cross * (k - 1) * x1
+    step = a1 * c0 + a1 * b * c1 + multi * s0 + multi * n1 * s1 + cross * x0 + cross * k1 * x1
     return np.maximum(step, MIN_STEP_S)
 
 
