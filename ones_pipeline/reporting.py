@@ -157,10 +157,17 @@ def no_data(ax, text: str) -> None:
     ax.set_yticks([])
 
 
+# tab20 pairs a dark and a light shade of each hue (0/1, 2/3, ...): neighbours in job order would look
+# alike. The ten dark shades first, then the ten light ones: 20 jobs in a row get 20 distinct colours and
+# two jobs of one hue are 10 apart.
+_TAB20_ORDER = tuple(range(0, 20, 2)) + tuple(range(1, 20, 2))
+
+
 def job_colors(names: Sequence[str]) -> dict[str, Any]:
-    """One colour per job, in the order given (tab20, repeating after 20 jobs)."""
+    """One colour per job, in the order given: the 20 colours of tab20, dark shades first, repeating after
+    20 jobs."""
     cmap = pyplot().get_cmap("tab20")
-    return {name: cmap(i % 20) for i, name in enumerate(names)}
+    return {name: cmap(_TAB20_ORDER[i % 20]) for i, name in enumerate(names)}
 
 
 def plot_jct_cdf(jct_s: Mapping[str, Sequence[float]], path: str | os.PathLike, *, title: str, unit: str = "h",
@@ -259,7 +266,7 @@ def plot_slot_bars(bars: Sequence[SlotBar], jobs: Sequence[str], num_slots: int,
         left, width = (bar.start_s - origin_s) / 60.0, (bar.end_s - bar.start_s) / 60.0
         ax.barh(bar.slot, width, left=left, height=0.8, color=color[bar.job], hatch="//" if bar.running else None,
                 edgecolor="red" if bar.failed else "white", linewidth=0.6)
-        if bar.label and width / x_range_min >= _MIN_LABEL_FRACTION:
+        if bar.label and width / x_range_min >= _MIN_LABEL_FRACTION * max(1.0, len(bar.label) / 3):  # fits
             ax.text(left + width / 2, bar.slot, bar.label, ha="center", va="center", fontsize=7, color="black",
                     clip_on=True)
     any_running = any(b.running for b in bars)

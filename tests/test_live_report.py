@@ -155,3 +155,22 @@ def test_cpu_slots_are_not_called_gpus_and_jct_has_one_unit(tmp_path):
     md = build_report(jobs, spans, num_slots=2, out_dir=tmp_path, now_s=3000.0, device="cpu").markdown
     assert "GPU" not in md and "2 CPU slots" in md and "CPU-slot-h" in md
     assert "JCT (min)" in md and "| 1.5 |" in md and "| 50.0 |" in md  # 90 s and 3000 s, both in minutes
+
+
+def test_neighbouring_jobs_get_distinct_colours():
+    """tab20 pairs shades of one hue; in job order the first 20 jobs must not repeat a hue side by side."""
+    from ones_pipeline.reporting import job_colors
+
+    names = [f"j{i}" for i in range(20)]
+    colors = job_colors(names)
+    assert len(set(colors.values())) == 20
+    import colorsys
+
+    def hue(c):
+        h, s, _ = colorsys.rgb_to_hsv(*c[:3])
+        return h if s > 0.05 else None  # greys have no hue
+
+    for a, b in zip(names, names[1:], strict=False):
+        ha, hb = hue(colors[a]), hue(colors[b])
+        if ha is not None and hb is not None:
+            assert min(abs(ha - hb), 1 - abs(ha - hb)) > 0.02, (a, b)  # not two shades of one hue

@@ -241,7 +241,8 @@ def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_s
     for s, (t, _) in started:
         first_seen[s.job] = min(first_seen.get(s.job, math.inf), t)
     order = sorted(first_seen, key=lambda name: (first_seen[name], name))
-    bars = [reporting.SlotBar(span.job, slot, start, end, f"g{span.generation}", running=span.end_s is None,
+    # The job's name on its bars (with the generation), so a plot of 12+ jobs reads without the legend.
+    bars = [reporting.SlotBar(span.job, slot, start, end, f"{span.job} g{span.generation}", running=span.end_s is None,
                               failed=span.status.upper() == "FAILURE")
             for span, (start, end) in started for slot in span.slot_ids]
     end_s = max([max(e for _, (_, e) in started)] + [float(j.finish_s) for j in jobs])
