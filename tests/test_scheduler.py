@@ -69,7 +69,6 @@ def test_a_run_without_an_lr_tag_gets_the_core_rule_not_zero():
     tags = Launch(RunAllocation.make(spec("a"), [0], "cpu", 32, 0), "test").tags()
     assert "ones/lr" not in tags  # the allocation's LR follows its batch (core rule): no tag needed
     info = RunInfo.from_tags("a-0", "STARTED", tags, created_s=0.0, start_s=1.0)
-    assert info.lr is None
     p = plan([spec("a")], [info], now=10_000.0)  # Allocation refuses lr 0: this raised before the fallback
     assert p.cursor["version"] == 1 and {d.job for d in p.decisions} <= {"a"}
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from policy_helpers import obs_for, spec
+from policy_helpers import obs_for, random_spec, spec
 
 from ones_pipeline.core.policies import make_policy, policy_from_dict
 from ones_pipeline.core.policies.sia import SiaPolicy, SiaProblem, configurations, place, solve_mckp
@@ -29,13 +29,8 @@ def random_state(rng: np.random.Generator, cluster: Cluster, num_jobs: int, max_
     gpn = max(cluster.gpus_per_node)
     jobs, allocations = [], {}
     for i in range(num_jobs):
-        req = int(rng.integers(1, max_request + 1))
-        pgb = int(rng.choice([8, 32, 128]))
-        s = spec(f"job-{i}", req, per_gpu_batch=pgb, submit=float(rng.uniform(0, 1000)),
-                 model=str(rng.choice(["cifar10", "ncf", "bert"])),
-                 max_global_batch=pgb * req * int(rng.choice([1, 4, 16])),
-                 max_per_gpu_batch=int(rng.choice([pgb, 2 * pgb])),
-                 max_gpus=None if rng.random() < 0.5 else int(rng.integers(1, 2 * max_request)))
+        s = random_spec(rng, i, max_request)
+        req, pgb = s.requested_gpus, s.per_gpu_batch
         running = rng.random() < 0.5 and len(free) >= min(req, s.gpu_cap)
         obs = ()
         if rng.random() < 0.6:

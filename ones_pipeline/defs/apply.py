@@ -18,11 +18,10 @@ import json
 import dagster as dg
 
 from ones_pipeline.defs.resources import OnesEnvResource
+from ones_pipeline.scheduler.runs import IN_FLIGHT
 
 APPLY_JOB_NAME = "ones_apply"
 APPLY_TAG = "ones/apply"
-IN_FLIGHT = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-             dg.DagsterRunStatus.STARTED)
 
 
 class ApplyConfig(dg.Config):
@@ -59,7 +58,7 @@ def apply_request(cancels: list, decisions: list, failed: dict | None,
 def _cancel(context: dg.OpExecutionContext, cancel: dict) -> None:
     instance = context.instance
     run = instance.get_run_by_id(cancel["run_id"])
-    if run is None or run.status not in IN_FLIGHT:
+    if run is None or run.status.value not in IN_FLIGHT:
         context.log.info(f"run {cancel['run_id']} ({cancel['job']}) already ended; nothing to cancel")
         return
     message = (f"preempted by ones: {cancel['reason']} (job {cancel['job']} generation {cancel['generation']}; "

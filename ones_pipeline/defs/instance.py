@@ -4,6 +4,7 @@ finished partitions, draining runs before Dagster stops, releasing runs a dead d
 Public Dagster APIs only (``dg.DagsterInstance``, ``dg.RunsFilter``, ``dg.DagsterRunStatus``).
 """
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -89,8 +90,6 @@ def drain(env: EnvConfig, instance: dg.DagsterInstance, timeout_s: float | None 
                 instance.run_coordinator.cancel_run(run.run_id)
             except Exception as exc:  # its worker is already gone: nothing to cancel
                 log(f"could not cancel run {run.run_id}: {exc}")
-    import time
-
     deadline = time.monotonic() + (timeout_s if timeout_s is not None else env.launcher.grace_period_s + 20)
     while instance.get_runs(flt) and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -52,7 +52,6 @@ class RunInfo:
     slot_ids: tuple[int, ...]
     status: str  # DagsterRunStatus value
     global_batch: int = 0
-    lr: float | None = None  # None: not in the tags (the allocation's LR follows the core rule from the batch)
     created_s: float = 0.0
     start_s: float | None = None
     end_s: float | None = None
@@ -64,7 +63,7 @@ class RunInfo:
             return None
         slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
         return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
-                   int(tags.get(TAG_BATCH, 0)), None, created_s, start_s, end_s)
+                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s)
 
     @property
     def in_flight(self) -> bool:

@@ -21,7 +21,6 @@ numbers), which is what run tags, ``CUDA_VISIBLE_DEVICES`` and Docker device req
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,8 +120,8 @@ def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Curr
             plan.cancels.append(Cancel(newest.run_id, job, newest.generation, "holds slots outside the inventory"))
             continue
         batch = max(newest.global_batch, 1)
-        lr = newest.lr if newest.lr is not None and 0 < newest.lr < math.inf else lr_for_batch(inputs.specs[job], batch)
-        allocations[job] = Allocation(job, tuple(slots), batch, lr)
+        # The LR follows the batch by the core rule (the run's allocation was made with it).
+        allocations[job] = Allocation(job, tuple(slots), batch, lr_for_batch(inputs.specs[job], batch))
         runs[job] = newest
     return _Current(allocations, runs, by_job)
 
