@@ -10,6 +10,8 @@ from ones_pipeline.config.env import (
     MlflowConfig,
     PolicyConfig,
     SchedulerConfig,
+    SlurmClusterConfig,
+    SlurmLaunchConfig,
     load_env,
     parse_env,
     project_dir_from_environment,
@@ -29,7 +31,8 @@ from ones_pipeline.config.layout import StateLayout
 
 __all__ = [
     "BUILTIN_MODELS", "JOB_FIELDS", "ClusterConfig", "ConfigError", "DockerConfig", "EnvConfig", "LauncherConfig",
-    "MlflowConfig", "PolicyConfig", "SchedulerConfig", "StateLayout", "job_spec_files", "job_spec_to_yaml_dict",
+    "MlflowConfig", "PolicyConfig", "SchedulerConfig", "SlurmClusterConfig", "SlurmLaunchConfig", "StateLayout",
+    "job_spec_files", "job_spec_to_yaml_dict",
     "load_env", "load_job_spec", "load_job_specs", "parse_env", "parse_job_spec", "project_dir_from_environment",
     "read_yaml", "traces_dir_from_environment",
 ]

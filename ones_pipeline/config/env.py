@@ -20,10 +20,26 @@ from ones_pipeline.config.layout import StateLayout
 
 
 @dataclass(frozen=True)
+class SlurmClusterConfig:
+    partition: str
+    nodes: tuple[str, ...] = ()  # only these nodes of the partition (default: all)
+    slurm_conf: str | None = None  # SLURM_CONF for every Slurm command (default: Slurm's own)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     gpus: str | tuple[int, ...] = "auto"  # "auto" (NVML, else CPU slots), "none" (CPU slots), or GPU ids
     cpu_slots: int = 2
     gpus_per_node: int | None = None
+    slurm: SlurmClusterConfig | None = None  # the slots are a Slurm partition's GPUs
+
+
+@dataclass(frozen=True)
+class SlurmLaunchConfig:
+    sbatch_args: tuple[str, ...] = ()  # extra sbatch arguments, e.g. --account=ml
+    pending_timeout_s: float = 300.0  # a job still pending after this fails its run (resources taken elsewhere)
+    python: str = "python"  # the interpreter on the nodes (the project installed; {python} = this one)
+    rank_device: str = "cuda"  # "cpu": train on CPU with gloo even on (fake) GPUs, for test clusters
 
 
 @dataclass(frozen=True)
@@ -41,9 +57,10 @@ class DockerConfig:
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    kind: str = "subprocess"  # or "docker"
+    kind: str = "subprocess"  # or "docker", "slurm"
     grace_period_s: float = 20.0
     docker: DockerConfig | None = None
+    slurm: SlurmLaunchConfig = SlurmLaunchConfig()
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,8 @@ class EnvConfig:
 
 
 ENV_FIELDS = {"cluster", "launcher", "mlflow", "policy", "scheduler", "state_dir", "jobs_dir"}
-LAUNCHER_KINDS = ("subprocess", "docker")
+LAUNCHER_KINDS = ("subprocess", "docker", "slurm")
+RANK_DEVICES = ("cuda", "cpu")
 ENV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 DOCKER_FIELDS = {"image", "python", "shm_size", "network", "init", "volumes", "environment", "user", "stop_timeout_s"}
 SCHEDULER_FIELDS = {"tick_interval_s", "decision_budget_s", "max_retries", "retry_backoff_s", "min_run_s"}
@@ -126,8 +144,40 @@ def _section(path: Path, data: Mapping, key: str) -> Mapping:
     return value
 
 
+def _parse_slurm_cluster(path: Path, c: Mapping) -> SlurmClusterConfig | None:
+    s = _section(path, c, "slurm")
+    if not s:
+        return None
+    check_keys(path, s, {"partition", "nodes", "slurm_conf"}, "cluster.slurm.")
+    nodes = s.get("nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes) or len(set(nodes)) != len(nodes):
+        raise ConfigError(path, "cluster.slurm.nodes", f"expected a list of distinct node names, got {nodes!r}")
+    return SlurmClusterConfig(partition=get_field(path, s, "partition", str, required=True, prefix="cluster.slurm."),
+                              nodes=tuple(nodes),
+                              slurm_conf=get_field(path, s, "slurm_conf", str, prefix="cluster.slurm."))
+
+
+def _parse_slurm_launch(path: Path, lz: Mapping, project_dir: Path) -> SlurmLaunchConfig:
+    s = _section(path, lz, "slurm")
+    pre = "launcher.slurm."
+    check_keys(path, s, {"sbatch_args", "pending_timeout_s", "python", "rank_device"}, pre)
+    args = s.get("sbatch_args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) and a.startswith("-") for a in args):
+        raise ConfigError(path, pre + "sbatch_args", f"expected a list of sbatch options ('--account=ml'), "
+                          f"got {args!r}")
+    device = get_field(path, s, "rank_device", str, "cuda", prefix=pre)
+    if device not in RANK_DEVICES:
+        raise ConfigError(path, pre + "rank_device", f"got {device!r}; allowed: {', '.join(RANK_DEVICES)}")
+    import sys
+
+    python = get_field(path, s, "python", str, "{python}", prefix=pre).replace("{python}", sys.executable)
+    return SlurmLaunchConfig(sbatch_args=tuple(args), python=_expand(python, project_dir), rank_device=device,
+                             pending_timeout_s=get_field(path, s, "pending_timeout_s", float, 300.0, prefix=pre,
+                                                         minimum=1))
+
+
 def _parse_cluster(path: Path, c: Mapping) -> ClusterConfig:
-    check_keys(path, c, {"gpus", "cpu_slots", "gpus_per_node"}, "cluster.")
+    check_keys(path, c, {"gpus", "cpu_slots", "gpus_per_node", "slurm"}, "cluster.")
     gpus = c.get("gpus", "auto")
     if isinstance(gpus, list):
         if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) \
@@ -137,7 +187,8 @@ def _parse_cluster(path: Path, c: Mapping) -> ClusterConfig:
     elif gpus not in ("auto", "none"):
         raise ConfigError(path, "cluster.gpus", f"got {gpus!r}; allowed: auto, none, or a list of GPU ids")
     return ClusterConfig(gpus=gpus, cpu_slots=get_field(path, c, "cpu_slots", int, 2, prefix="cluster.", minimum=1),
-                         gpus_per_node=get_field(path, c, "gpus_per_node", int, prefix="cluster.", minimum=1))
+                         gpus_per_node=get_field(path, c, "gpus_per_node", int, prefix="cluster.", minimum=1),
+                         slurm=_parse_slurm_cluster(path, c))
 
 
 def _parse_volumes(path: Path, raw: Any, project_dir: Path) -> tuple[tuple[str, str, str], ...]:
@@ -182,14 +233,15 @@ def _parse_docker(path: Path, d: Mapping, project_dir: Path) -> DockerConfig:
 
 
 def _parse_launcher(path: Path, lz: Mapping, project_dir: Path) -> LauncherConfig:
-    check_keys(path, lz, {"kind", "grace_period_s", "docker"}, "launcher.")
+    check_keys(path, lz, {"kind", "grace_period_s", "docker", "slurm"}, "launcher.")
     kind = get_field(path, lz, "kind", str, "subprocess", prefix="launcher.")
     if kind not in LAUNCHER_KINDS:
         raise ConfigError(path, "launcher.kind", f"got {kind!r}; allowed: {', '.join(LAUNCHER_KINDS)}")
     d = _section(path, lz, "docker")
     docker = _parse_docker(path, d, project_dir) if d or kind == "docker" else None
-    launcher = LauncherConfig(kind=kind, docker=docker, grace_period_s=get_field(
-        path, lz, "grace_period_s", float, 20.0, prefix="launcher.", minimum=1))
+    launcher = LauncherConfig(kind=kind, docker=docker, slurm=_parse_slurm_launch(path, lz, project_dir),
+                              grace_period_s=get_field(path, lz, "grace_period_s", float, 20.0, prefix="launcher.",
+                                                       minimum=1))
     if docker is not None and docker.stop_timeout_s <= launcher.grace_period_s:
         raise ConfigError(path, "launcher.docker.stop_timeout_s",
                           f"{docker.stop_timeout_s:g} must exceed launcher.grace_period_s {launcher.grace_period_s:g} "
@@ -242,10 +294,15 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
         value = Path(get_field(path, data, key, str, default))
         return value if value.is_absolute() else project_dir / value
 
+    cluster = _parse_cluster(path, _section(path, data, "cluster"))
+    launcher = _parse_launcher(path, _section(path, data, "launcher"), project_dir)
+    if (launcher.kind == "slurm") != (cluster.slurm is not None):
+        raise ConfigError(path, "launcher.kind" if cluster.slurm is not None else "cluster.slurm",
+                          "a Slurm cluster needs launcher.kind: slurm, and launcher.kind: slurm needs cluster.slurm "
+                          "(partition: NAME): the runs must go where the slots are")
     return EnvConfig(
         name=name, path=path, project_dir=project_dir, jobs_dir=_dir("jobs_dir", "assets/jobs"),
-        state_dir=_dir("state_dir", ".ones/state"), cluster=_parse_cluster(path, _section(path, data, "cluster")),
-        launcher=_parse_launcher(path, _section(path, data, "launcher"), project_dir),
+        state_dir=_dir("state_dir", ".ones/state"), cluster=cluster, launcher=launcher,
         mlflow=_parse_mlflow(path, _section(path, data, "mlflow")),
         policy=_parse_policy(path, _section(path, data, "policy")),
         scheduler=_parse_scheduler(path, _section(path, data, "scheduler")))

@@ -6,6 +6,8 @@ no launcher kind. ``definitions.py`` picks the launcher the environment names (`
 * ``SubprocessLauncher``: ``python -m ones_pipeline.train`` as a local process (``dg.PipesSubprocessClient``);
   cancelling the run forwards the termination, the step checkpoints within the grace period.
 * ``DockerLauncher``: the same step in a container with exactly its GPUs (``defs/docker_step.py``).
+* ``SlurmLauncher``: the step as one Slurm job across the allocation's nodes, one rank per GPU
+  (``defs/slurm_step.py``).
 * ``InMemoryLauncher``: no process at all; it reports what a step would (finished, or stopped with a
   checkpoint) so that ``dg.materialize`` of a partition tests the asset and its metadata in milliseconds.
 
@@ -73,6 +75,17 @@ class DockerLauncher(StepLauncher):
         return list(invocation.get_results())
 
 
+class SlurmLauncher(StepLauncher):
+    """The step as one Slurm job on the nodes and GPUs of the allocation (``cluster.slurm`` partition)."""
+
+    def run(self, context: dg.AssetExecutionContext, allocation: RunAllocation) -> list:
+        from ones_pipeline.defs.slurm_step import run_slurm_step
+
+        invocation = run_slurm_step(context, self.ones_env.config(), allocation, self.step_extras(allocation),
+                                    self.mlflow.step_env())
+        return list(invocation.get_results())
+
+
 class InMemoryLauncher(StepLauncher):
     """For tests: no step runs. ``outcome="finish"`` reports the materialization a finished step reports
     (``accuracy``, the samples of its stopping rule); ``"stop"`` reports nothing, as a step stopped with
@@ -106,5 +119,5 @@ class InMemoryLauncher(StepLauncher):
 
 def launcher_for(env: EnvConfig, ones_env: OnesEnvResource, mlflow: MlflowResource) -> StepLauncher:
     """The launcher ``launcher.kind`` names."""
-    kinds = {"subprocess": SubprocessLauncher, "docker": DockerLauncher}
+    kinds = {"subprocess": SubprocessLauncher, "docker": DockerLauncher, "slurm": SlurmLauncher}
     return kinds[env.launcher.kind](ones_env=ones_env, mlflow=mlflow)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from ones_pipeline.adapters.inventory import InventoryUnavailable
 from ones_pipeline.config import ConfigError, EnvConfig, load_job_specs
 from ones_pipeline.defs.apply import apply_job, apply_request
 from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JOB_NAME, report_job, train_job
@@ -118,7 +119,12 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     new_keys = sorted(set(specs) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
     runs = job_run_infos(instance)
     finished = finished_jobs(instance)
-    slots = inventory.discover()
+    try:
+        slots = inventory.discover()
+    except InventoryUnavailable as exc:  # e.g. slurmctld down: decide nothing, cancel nothing
+        context.log.warning(f"slot inventory unavailable: {exc}; tick skipped, nothing changed")
+        return dg.SensorResult(skip_reason=f"slot inventory unavailable: {exc}; nothing changed this tick",
+                               cursor=context.cursor)
     inputs = TickInputs(now=now, specs=specs, finished=frozenset(finished), runs=runs,
                         progress=_progress(context, mlflow, set(specs) - finished), slot_ids=slots.slot_ids,
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind)

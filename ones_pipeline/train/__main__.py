@@ -20,8 +20,9 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule, batch_and_
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import spec_from_json
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
+from ones_pipeline.train.slurm_ranks import RANK_FILE, STEP_DIR_ENV, env_int, rank_record
 
 
 def build_parser(state_dir_required: bool = True) -> argparse.ArgumentParser:
@@ -57,6 +59,8 @@ def build_parser(state_dir_required: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--experiment", default="ones")
     run.add_argument("--grace-period", type=float, default=20.0, help="seconds to checkpoint after a stop")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--slurm-request", type=Path, default=None,
+                     help="one Slurm task of a multi-node step: the request file the Slurm launcher wrote")
     return p
 
 
@@ -151,10 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     from dagster_pipes import PipesEnvVarParamsLoader
 
     under_pipes = PipesEnvVarParamsLoader().is_dagster_pipes_process()
-    parser = build_parser(state_dir_required=not under_pipes)  # the extras carry it under Pipes
-    if under_pipes:
-        return _main_under_pipes(parser.parse_args(argv))
+    parser = build_parser(state_dir_required=False)
     args = parser.parse_args(argv)
+    if args.slurm_request is not None:
+        return _main_slurm_task(args.slurm_request, under_pipes)
+    if not under_pipes and args.state_dir is None:
+        parser.error("the following arguments are required: --state-dir")
+    if under_pipes:
+        return _main_under_pipes(args)
     try:
         return launch(request_from(args))
     except (LaunchError, ValueError) as exc:
@@ -162,12 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _main_under_pipes(args: argparse.Namespace) -> int:
+def _main_under_pipes(args: argparse.Namespace, adjust: Callable[[LaunchRequest], LaunchRequest] | None = None) -> int:
+    """The step as a Pipes process; ``adjust``: what a Slurm task changes in the request (its one rank)."""
     from dagster_pipes import open_dagster_pipes
 
     with open_dagster_pipes() as pipes:
         try:
             req = dataclasses.replace(request_from(args, pipes.extras), dagster_run_id=pipes.run_id)
+            req = adjust(req) if adjust is not None else req
         except (LaunchError, ValueError) as exc:
             pipes.log.error(f"ones train: {exc}")
             print(f"ones train: {exc}", file=sys.stderr)
@@ -184,6 +194,36 @@ def _main_under_pipes(args: argparse.Namespace) -> int:
         elif code == 0:
             pipes.log.info(f"{req.spec.name}: stopped with a checkpoint; it resumes on its next allocation")
         return code
+
+
+def _main_slurm_task(request_file: Path, under_pipes: bool) -> int:
+    """One Slurm task of a multi-node step (``srun ... --slurm-request FILE``, written by ``defs/slurm_step.py``):
+    its rank from ``SLURM_PROCID``, the others met at the request's address and port; rank 0's task is the
+    Pipes process. Its rank record (node, GPUs Slurm gave it) goes beside the request. Exit code as
+    ``python -m ones_pipeline.train`` (0, 1, or 2 on bad input)."""
+    try:
+        data = json.loads(Path(request_file).read_text())
+        rank, ntasks = env_int("SLURM_PROCID"), env_int("SLURM_NTASKS")
+        record = rank_record()
+        Path(request_file).with_name(RANK_FILE.format(rank=rank)).write_text(json.dumps(record))
+        os.environ[STEP_DIR_ENV] = str(Path(request_file).parent)
+        args = build_parser(state_dir_required=False).parse_args([])
+
+        def adjust(req):
+            if ntasks != req.world_size:
+                raise LaunchError(f"job {req.spec.name}: Slurm started {ntasks} task(s) for an allocation of "
+                                  f"{req.world_size} rank(s)")
+            return dataclasses.replace(req, ranks=(rank,), master_addr=data["master_addr"],
+                                       master_port=int(data["master_port"]), in_container=True,
+                                       device=data.get("device") or None,
+                                       num_nodes=int(os.environ.get("SLURM_NNODES") or 1))
+
+        if rank == 0 and under_pipes:
+            return _main_under_pipes(args, adjust)
+        return launch(adjust(request_from(args, data["extras"])))
+    except (LaunchError, ValueError, KeyError, OSError) as exc:
+        print(f"ones train (Slurm task): {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

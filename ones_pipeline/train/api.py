@@ -281,6 +281,11 @@ class TrainingSession:
             if self.p.dagster_run_id:  # from the MLflow run back to the Dagster run of each generation
                 self._run.set_tags({"dagster.run_id": self.p.dagster_run_id,
                                     f"dagster.run_id.g{self.p.generation}": self.p.dagster_run_id})
+            from ones_pipeline.train.slurm_ranks import mlflow_device_tags
+
+            slurm_tags = mlflow_device_tags(self.p.generation)  # {} off Slurm
+            if slurm_tags:
+                self._run.set_tags(slurm_tags)
         return model
 
     # -- LR -----------------------------------------------------------------------------------------

@@ -51,6 +51,14 @@ class LaunchRequest:
     seed: int = 0
     in_container: bool = False  # GPUs renumbered from 0 inside a container: no CUDA_VISIBLE_DEVICES
     dagster_run_id: str | None = None  # under Dagster Pipes: the run, tagged on the job's MLflow run
+    # One Slurm task: start only these ranks (default: all), meet the others at this address and port
+    # (default: 127.0.0.1 and a free port), on this device (default: cuda with GPUs, else cpu); Slurm
+    # has set CUDA_VISIBLE_DEVICES.
+    ranks: tuple[int, ...] | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    device: str | None = None
+    num_nodes: int = 1
 
     @property
     def spec(self) -> JobSpec:
@@ -63,7 +71,8 @@ class LaunchRequest:
 
 def validate(req: LaunchRequest) -> None:
     """Check what the allocation record cannot: the model, the state directory, the MLflow store (created
-    here, once, before the ranks start: concurrent first-time creation races). Raises LaunchError."""
+    here, once, before the ranks start: concurrent first-time creation races; by the task of rank 0 only
+    when the ranks are split over Slurm tasks). Raises LaunchError."""
     spec = req.spec
     if spec.command is None:
         from ones_pipeline.train.catalogue import WORKLOADS
@@ -75,7 +84,7 @@ def validate(req: LaunchRequest) -> None:
         check_state_dir(req.state_dir)
     except (OSError, ValueError) as exc:
         raise LaunchError(f"job {spec.name}: state directory {req.state_dir}: {exc}") from exc
-    if req.tracking_uri:
+    if req.tracking_uri and (req.ranks is None or 0 in req.ranks):
         from ones_pipeline.adapters.mlflow import TrackerError, check_reachable, ensure_store
 
         try:
@@ -99,13 +108,14 @@ def _start_ranks(req: LaunchRequest, port: int, stop_file: Path) -> list[subproc
         command[0] = sys.executable
     procs: list[subprocess.Popen] = []
     spec_json = spec_to_json(req.spec)  # once for every rank
-    for rank in range(req.world_size):
+    for rank in req.ranks if req.ranks is not None else range(req.world_size):
         placement = Placement(
             spec=req.spec, rank=rank, world_size=req.world_size, global_batch=alloc.global_batch, lr=alloc.lr,
             generation=alloc.generation, state_dir=Path(req.state_dir), tracking_uri=req.tracking_uri,
-            experiment=req.experiment, master_port=port, device="cuda" if alloc.gpus else "cpu",
-            gpus=alloc.gpus, seed=req.seed, stop_file=stop_file, launcher_pid=os.getpid(),
-            dagster_run_id=req.dagster_run_id)
+            experiment=req.experiment, master_addr=req.master_addr or "127.0.0.1", master_port=port,
+            device=req.device or ("cuda" if alloc.gpus else "cpu"), gpus=alloc.gpus, seed=req.seed,
+            stop_file=stop_file, launcher_pid=os.getpid(), dagster_run_id=req.dagster_run_id,
+            num_nodes=req.num_nodes)
         env = dict(os.environ)
         env.update(placement.to_env(spec_json))
         if alloc.gpus and not req.in_container:
@@ -155,7 +165,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     cleanly stopped with a checkpoint). ``on_event``: called with each progress event rank 0 reports
     (``{"event": "epoch", ...}``, ``{"event": "mlflow_run", ...}``) while the job trains."""
     validate(req)
-    port = _free_port()
+    port = req.master_port or _free_port()
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
     tail = _Tail(Path(req.state_dir) / PROGRESS_FILE) if on_event is not None else None

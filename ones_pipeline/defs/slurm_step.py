@@ -1,0 +1,204 @@
+"""The training step as one Slurm job across nodes, with Dagster Pipes through the shared filesystem.
+
+For one allocation: the slots are mapped onto the partition's nodes (``SlurmInventory.place``), and the
+generation's directory under the job's state directory (shared by every node) gets the request file
+(``train/slurm_ranks.py``) and the batch script, ``exec srun <python> -m ones_pipeline.train --slurm-request
+FILE``. ``sbatch`` asks for exactly those nodes, one task and one GPU (``--gpus-per-task=1``) per rank (a
+heterogeneous job when the nodes' counts differ). The Pipes context goes into a file there and the step's
+messages come back through another (``dg.PipesFileContextInjector``/``dg.PipesFileMessageReader``);
+the job's output file is relayed into the run log while it runs.
+
+Cancelling the Dagster run (a preemption or resize) interrupts the wait; then, in a ``finally``:
+``scancel --signal=TERM`` (every rank checkpoints; not ``--full``, which would make srun kill the ranks),
+up to the grace period plus a margin for the job to leave the queue, then ``scancel`` outright. A job
+pending beyond ``launcher.slurm.pending_timeout_s`` (its resources are taken outside this product, or a
+node was drained) is cancelled and fails the run with Slurm's reason; so does a job that ends in any
+state but COMPLETED with exit code 0 (NODE_FAIL when a node goes down): the scheduler plans it again
+and it resumes from its checkpoint.
+
+No ``from __future__ import annotations``: Dagster resolves annotations at runtime.
+"""
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from ones_pipeline.adapters.slurm import (
+    JobState,
+    SlurmError,
+    SlurmInventory,
+    cancel_job,
+    job_state,
+    rendezvous_port,
+    signal_job,
+    submit,
+)
+from ones_pipeline.config import EnvConfig
+from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.train.slurm_ranks import devices_text, read_rank_records
+
+POLL_S = 0.5
+STOP_MARGIN_S = 15.0  # beyond the grace period, for Slurm to reap the job after its ranks exit
+TAG_SLURM_JOB = "ones/slurm-job"
+TAG_SLURM_DEVICES = "ones/slurm-devices"
+
+
+def job_name(job: str, generation: int) -> str:
+    return f"ones-{job}-g{generation}"
+
+
+def _failure(alloc: RunAllocation, what: str, **metadata) -> dg.Failure:
+    return dg.Failure(description=f"job {alloc.job} generation {alloc.generation}: {what}",
+                      metadata={k: v for k, v in metadata.items() if v is not None})
+
+
+def _prepare(env: EnvConfig, alloc: RunAllocation, extras: dict, run_id: str) -> tuple[Path, list[str], dict, list]:
+    """Write the generation's request and batch script; return the script, sbatch's arguments, the
+    variables the job gets and the placement (node, ranks on it)."""
+    cluster, cfg = env.cluster.slurm, env.launcher.slurm
+    inventory = SlurmInventory(cluster.partition, cluster.nodes, cluster.slurm_conf)
+    try:
+        placement = inventory.place(alloc.gpus)
+    except SlurmError as exc:
+        raise _failure(alloc, f"cannot place slots {list(alloc.gpus)} on Slurm: {exc}") from exc
+    step_dir = Path(extras["state_dir"]) / "slurm" / f"g{alloc.generation}-{run_id[:8]}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    for old in step_dir.glob("rank-*.json"):
+        old.unlink()
+    request = {"extras": extras, "master_addr": placement[0][0].address,
+               "master_port": rendezvous_port(alloc.job, alloc.generation),
+               "device": "cpu" if cfg.rank_device == "cpu" or not alloc.gpus else "cuda"}
+    (step_dir / "request.json").write_text(json.dumps(request, indent=1))
+    script = step_dir / "job.sh"
+    command = [*shlex.split(cfg.python), "-m", "ones_pipeline.train", "--slurm-request", str(step_dir / "request.json")]
+    args, het = _sbatch_args(env, alloc, placement, step_dir)
+    script.write_text("#!/bin/bash\n"
+                      f"# ones: job {alloc.job} generation {alloc.generation}, Dagster run {run_id}\n"
+                      f"exec srun --kill-on-bad-exit=1 {het}{shlex.join(command)}\n")
+    script.chmod(0o755)
+    return script, args, {"OMP_NUM_THREADS": "1"}, placement
+
+
+def _sbatch_args(env: EnvConfig, alloc: RunAllocation, placement, step_dir: Path) -> tuple[list[str], str]:
+    """sbatch's arguments and srun's het-group option. The same GPU count on every node: one job with
+    ``--nodes`` and ``--ntasks-per-node``. Different counts (3 on n1, 1 on n2): a heterogeneous job, one
+    component per node, so that each node holds exactly its GPUs (with ``--distribution=arbitrary`` Slurm
+    allocates block-wise and the step then lacks GRES on one node); ``srun --het-group`` runs one step
+    over all components with global ranks."""
+    cluster, cfg = env.cluster.slurm, env.launcher.slurm
+    common = [f"--job-name={job_name(alloc.job, alloc.generation)}", f"--output={step_dir / 'slurm-%j.out'}",
+              f"--chdir={step_dir}", "--export=ALL", *cfg.sbatch_args]
+    per_task = ["--cpus-per-task=1", *(["--gpus-per-task=1"] if alloc.gpus else [])]
+    counts = {count for _, count in placement}
+    if len(counts) == 1:
+        nodes = ",".join(node.name for node, _ in placement)
+        return [*common, f"--partition={cluster.partition}", f"--nodelist={nodes}", f"--nodes={len(placement)}",
+                f"--ntasks-per-node={counts.pop()}", *per_task], ""
+    args = list(common)
+    for i, (node, count) in enumerate(placement):
+        if i:
+            args.append(":")
+        args += [f"--partition={cluster.partition}", f"--nodelist={node.name}", "--nodes=1", f"--ntasks={count}",
+                 *per_task]
+    return args, f"--het-group=0-{len(placement) - 1} "
+
+
+class _Output:
+    """New lines of the job's output file, relayed into the run log."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = path, 0
+
+    def relay(self, context) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            if line.strip():
+                context.log.info(f"slurm: {line}")
+
+
+def _wait(context, alloc: RunAllocation, env: EnvConfig, job_id: str, step_dir: Path) -> JobState:
+    """Poll the job until it leaves the queue; relay its output; tag the run with the ranks' devices once
+    all ranks are up; fail it when it stays pending too long."""
+    cfg, conf = env.launcher.slurm, env.cluster.slurm.slurm_conf
+    output = _Output(step_dir / f"slurm-{job_id}.out")
+    submitted, tagged, last = time.monotonic(), False, None
+    while True:
+        state = job_state(job_id, conf)
+        output.relay(context)
+        if state is None or not state.active:
+            return state or JobState(job_id, "GONE", "no longer known to Slurm", "", "")
+        if state.pending and time.monotonic() - submitted > cfg.pending_timeout_s:
+            cancel_job(job_id, conf)
+            raise _failure(alloc, f"Slurm job {job_id} still pending after {cfg.pending_timeout_s:g} s (reason: "
+                           f"{state.reason}): its nodes are busy or unavailable outside this product; it is "
+                           "cancelled and the job will be planned again", slurm_job=job_id, reason=state.reason)
+        if state.state != last:
+            context.log.info(f"Slurm job {job_id}: {state.state}" + (f" on {state.nodes}" if state.nodes else "")
+                             + (f" ({state.reason})" if state.reason not in ("", "None") else ""))
+            last = state.state
+        if not tagged:
+            records = read_rank_records(step_dir)
+            if len(records) == alloc.world_size:
+                devices = devices_text(records)
+                context.log.info(f"ranks on devices: {devices}")
+                context.instance.add_run_tags(context.run_id, {TAG_SLURM_DEVICES: devices})
+                tagged = True
+        time.sleep(POLL_S)
+
+
+def _stop(context, alloc: RunAllocation, env: EnvConfig, job_id: str) -> None:
+    """TERM every rank (they checkpoint), wait for the job to leave the queue, then cancel outright."""
+    conf = env.cluster.slurm.slurm_conf
+    state = job_state(job_id, conf)
+    if state is None or not state.active:
+        return
+    if state.pending:
+        cancel_job(job_id, conf)
+        return
+    context.log.info(f"Slurm job {job_id}: scancel --signal=TERM (ranks checkpoint within "
+                     f"{env.launcher.grace_period_s:g} s)")
+    signal_job(job_id, "TERM", conf)
+    deadline = time.monotonic() + env.launcher.grace_period_s + STOP_MARGIN_S
+    while time.monotonic() < deadline:
+        state = job_state(job_id, conf)
+        if state is None or not state.active:
+            return
+        time.sleep(POLL_S)
+    context.log.warning(f"Slurm job {job_id} still running after the grace period: scancel")
+    cancel_job(job_id, conf)
+
+
+def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, step_env: dict):
+    """Run the allocation as one Slurm job; the completed Pipes invocation (its results are the step's
+    materialization). Raises ``dagster.Failure`` naming the job, generation, Slurm job id and reason."""
+    script, args, job_env, placement = _prepare(env, alloc, extras, context.run_id)
+    step_dir, conf = script.parent, env.cluster.slurm.slurm_conf
+    with dg.open_pipes_session(context=context, extras=extras,
+                               context_injector=dg.PipesFileContextInjector(str(step_dir / "pipes-context.json")),
+                               message_reader=dg.PipesFileMessageReader(str(step_dir / "pipes-messages.jsonl"))
+                               ) as session:
+        try:
+            job_id = submit(str(script), args, {**step_env, **session.get_bootstrap_env_vars(), **job_env}, conf)
+        except SlurmError as exc:
+            raise _failure(alloc, f"sbatch refused the job: {exc}") from exc
+        context.instance.add_run_tags(context.run_id, {TAG_SLURM_JOB: job_id})
+        where = ", ".join(f"{count} on {node.name}" for node, count in placement)
+        context.log.info(f"Slurm job {job_id} submitted: {alloc.describe()}; ranks {where}")
+        try:
+            final = _wait(context, alloc, env, job_id, step_dir)
+        finally:
+            _stop(context, alloc, env, job_id)
+        if final.state != "COMPLETED" or final.exit_code not in ("0:0", ""):
+            raise _failure(alloc, f"Slurm job {job_id} ended {final.state} (exit {final.exit_code}, "
+                           f"reason {final.reason}); output in {step_dir}", slurm_job=job_id, state=final.state)
+    return dg.PipesClientCompletedInvocation(session)
