@@ -32,7 +32,7 @@ UNUSABLE_FLAGS = {"DRAIN", "DRAINED", "DRAINING", "NOT_RESPONDING", "FAIL", "MAI
 USABLE_STATES = {"idle", "mixed", "allocated", "completing"}
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "RESV_DEL_HOLD", "REQUEUE_HOLD", "SUSPENDED"}
 ACTIVE_STATES = PENDING_STATES | {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"}
-_UNREACHABLE = ("Unable to contact slurm controller", "Unable to establish controller", "Socket timed out",
+_UNREACHABLE = ("Unable to contact slurm controller", "is DOWN", "Unable to establish controller", "Socket timed out",
                 "Zero Bytes were transmitted", "Connection refused", "Unable to process configuration")
 
 
@@ -71,6 +71,22 @@ def run_cli(args: Sequence[str], slurm_conf: str | None = None, env: Mapping[str
     return done.stdout
 
 
+def json_cli(args: Sequence[str], slurm_conf: str | None = None) -> dict:
+    """A ``--json`` command's document. Slurm 22.05 exits 0 with an ``errors`` list when slurmctld does
+    not answer; then ``scontrol ping`` says whether the controller is down (``SlurmUnreachable``)."""
+    data = json.loads(run_cli(args, slurm_conf))
+    errors = [e.get("description") or e.get("error") or str(e) for e in data.get("errors") or []]
+    if errors:
+        try:
+            ping = run_cli(["scontrol", "ping"], slurm_conf)
+        except SlurmError as exc:
+            raise SlurmUnreachable(f"slurmctld unreachable ({args[0]}: {'; '.join(errors)}): {exc}") from exc
+        if "DOWN" in ping:
+            raise SlurmUnreachable(f"slurmctld unreachable: {ping.strip().splitlines()[0]}")
+        raise SlurmError(f"{args[0]}: {'; '.join(errors)}")
+    return data
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -102,7 +118,7 @@ def gres_gpus(gres: str) -> int:
 def list_nodes(partition: str, names: Sequence[str] = (), slurm_conf: str | None = None) -> list[SlurmNode]:
     """The partition's nodes (only ``names`` when given), sorted by name. Raises SlurmError when the
     partition has none of them."""
-    data = json.loads(run_cli(["sinfo", "--json"], slurm_conf))
+    data = json_cli(["sinfo", "--json"], slurm_conf)
     nodes = {}
     for raw in data.get("nodes", []):
         if partition not in (raw.get("partitions") or []) or (names and raw["name"] not in names):
@@ -248,7 +264,7 @@ def cancel_job(job_id: str, slurm_conf: str | None = None) -> None:
 
 def jobs_named(prefix: str, slurm_conf: str | None = None) -> list[dict]:
     """Active jobs whose name starts with ``prefix`` (``squeue --json``): id, name, state, nodes."""
-    data = json.loads(run_cli(["squeue", "--json"], slurm_conf))
+    data = json_cli(["squeue", "--json"], slurm_conf)
     return [{"job_id": str(j["job_id"]), "name": j.get("name", ""), "state": j.get("job_state", ""),
              "nodes": j.get("nodes", "")} for j in data.get("jobs", [])
             if str(j.get("name", "")).startswith(prefix) and j.get("job_state") in ACTIVE_STATES]

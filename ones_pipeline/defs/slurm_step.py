@@ -151,7 +151,7 @@ def _wait(context, alloc: RunAllocation, env: EnvConfig, job_id: str, step_dir: 
             if len(records) == alloc.world_size:
                 devices = devices_text(records)
                 context.log.info(f"ranks on devices: {devices}")
-                context.instance.add_run_tags(context.run_id, {TAG_SLURM_DEVICES: devices})
+                context.instance.add_run_tags(context.run.run_id, {TAG_SLURM_DEVICES: devices})
                 tagged = True
         time.sleep(POLL_S)
 
@@ -181,7 +181,7 @@ def _stop(context, alloc: RunAllocation, env: EnvConfig, job_id: str) -> None:
 def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, step_env: dict):
     """Run the allocation as one Slurm job; the completed Pipes invocation (its results are the step's
     materialization). Raises ``dagster.Failure`` naming the job, generation, Slurm job id and reason."""
-    script, args, job_env, placement = _prepare(env, alloc, extras, context.run_id)
+    script, args, job_env, placement = _prepare(env, alloc, extras, context.run.run_id)
     step_dir, conf = script.parent, env.cluster.slurm.slurm_conf
     with dg.open_pipes_session(context=context, extras=extras,
                                context_injector=dg.PipesFileContextInjector(str(step_dir / "pipes-context.json")),
@@ -191,7 +191,7 @@ def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, 
             job_id = submit(str(script), args, {**step_env, **session.get_bootstrap_env_vars(), **job_env}, conf)
         except SlurmError as exc:
             raise _failure(alloc, f"sbatch refused the job: {exc}") from exc
-        context.instance.add_run_tags(context.run_id, {TAG_SLURM_JOB: job_id})
+        context.instance.add_run_tags(context.run.run_id, {TAG_SLURM_JOB: job_id})
         where = ", ".join(f"{count} on {node.name}" for node, count in placement)
         context.log.info(f"Slurm job {job_id} submitted: {alloc.describe()}; ranks {where}")
         try:

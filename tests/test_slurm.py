@@ -1,0 +1,208 @@
+"""The Slurm launcher and inventory against a real Slurm cluster (``scripts/slurm.sh start``: slurmctld and
+two slurmd, n1 and n2, 4 fake GPUs each; training runs on CPU with gloo, one process per "GPU").
+
+Skipped, with the reason, when ``SLURM_CONF`` names no cluster that answers. The Dagster run's
+cancellation is injected where Dagster injects it (``DagsterExecutionInterruptedError`` raised inside the
+step's wait loop); everything Slurm does is real."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+dg = pytest.importorskip("dagster")
+pytest.importorskip("torch")
+pytest.importorskip("mlflow")
+
+from dagster._core.errors import DagsterExecutionInterruptedError  # noqa: E402
+
+from ones_pipeline.adapters import slurm as sl  # noqa: E402
+from ones_pipeline.config import load_job_spec  # noqa: E402
+from ones_pipeline.scheduler import RunAllocation  # noqa: E402
+from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.slurm
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cluster_conf() -> str | None:
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or not Path(conf).exists():
+        return None
+    try:
+        out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=10,
+                             env={**os.environ, "SLURM_CONF": conf})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return conf if "UP" in out.stdout else None
+
+
+CONF = _cluster_conf()
+if CONF is None:
+    pytest.skip("no Slurm cluster answers (start one: eval \"$(scripts/slurm.sh start)\" as root; .ci/run does)",
+                allow_module_level=True)
+
+
+def write_project(root: Path, jobs: dict[str, str], grace: float = 15, pending_timeout: float = 60) -> Path:
+    (root / "resources").mkdir(parents=True, exist_ok=True)
+    (root / "assets" / "jobs").mkdir(parents=True, exist_ok=True)
+    (root / "resources" / "slurm.yaml").write_text(
+        f"cluster:\n  slurm: {{partition: gpu, slurm_conf: {CONF}}}\n"
+        f"launcher:\n  kind: slurm\n  grace_period_s: {grace}\n"
+        f"  slurm: {{rank_device: cpu, pending_timeout_s: {pending_timeout}}}\n"
+        "scheduler: {tick_interval_s: 3, decision_budget_s: 0.5, min_run_s: 10, retry_backoff_s: 2}\n"
+        "policy: {name: ones, params: {restart_cost_s: 10}}\n")
+    for name, text in jobs.items():
+        (root / "assets" / "jobs" / f"{name}.yaml").write_text(text)
+    return root
+
+
+CNN = "model: cnn-digits\nper_gpu_batch: 16\nbase_lr: 0.02\nmax_lr: 0.16\nmax_gpus: 8\nstopping: {epochs: %s}\n"
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONES_ENV", "slurm")
+    monkeypatch.setenv("ONES_PROJECT_DIR", str(tmp_path))
+    return write_project(tmp_path, {"wide": CNN % 4})
+
+
+def progress_rows(state_dir: Path) -> list[dict]:
+    path = state_dir / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def run_generation(project: Path, job: str, slots, generation: int, monkeypatch, stop_at_samples: int | None = None):
+    """``dg.materialize`` of one partition on the Slurm launcher; with ``stop_at_samples``, the run is
+    cancelled (Dagster's interrupt) once the job has trained that many samples in this generation."""
+    from ones_pipeline.definitions import build_definitions
+    from ones_pipeline.defs import slurm_step
+    from ones_pipeline.defs.assets import training_job
+
+    defs = build_definitions(str(project), "slurm")
+    spec = load_job_spec(project / "assets" / "jobs" / f"{job}.yaml")
+    alloc = RunAllocation.make(spec, tuple(slots), "gpu", spec.per_gpu_batch * len(slots), generation)
+    state_dir = project / ".ones/state/jobs" / job
+    real_state, fired = sl.job_state, []
+
+    def job_state(job_id, conf=None):
+        state = real_state(job_id, conf)
+        if stop_at_samples is not None and not fired:
+            rows = [r for r in progress_rows(state_dir) if r.get("event") == "epoch"
+                    and r.get("generation") == generation]
+            if rows and rows[-1]["samples"] >= stop_at_samples:
+                fired.append(time.monotonic())
+                raise DagsterExecutionInterruptedError("run terminated (test: preempted)")
+        return state
+
+    monkeypatch.setattr(slurm_step, "job_state", job_state)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("training_jobs", [job])
+        result = dg.materialize([training_job], partition_key=job, instance=instance, raise_on_error=False,
+                                run_config={"ops": {"training_job": {"config": {"allocation": alloc.to_json()}}}},
+                                resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+        tags = instance.get_run_by_id(result.run_id).tags
+        logs = [r.user_message for r in instance.all_logs(result.run_id) if r.user_message]
+    return result, tags, logs, state_dir
+
+
+def no_jobs_left() -> list[dict]:
+    return sl.jobs_named("ones-", CONF)
+
+
+# -- inventory ----------------------------------------------------------------------------------------
+def test_inventory_reads_nodes_and_gres_and_leaves_out_a_drained_node():
+    inv = sl.SlurmInventory("gpu", slurm_conf=CONF)
+    found = inv.discover()
+    assert [n.name for n in found.nodes] == ["n1", "n2"]
+    assert found.slot_ids == tuple(range(8)) and found.cluster().gpus_per_node == (4, 4)
+    sl.run_cli(["scontrol", "update", "nodename=n2", "state=drain", "reason=test-maintenance"], CONF)
+    try:
+        drained = inv.discover()
+        assert [n.name for n in drained.nodes] == ["n1"] and drained.slot_ids == (0, 1, 2, 3)
+        assert any("n2" in u and "drain" in u and "test-maintenance" in u for u in drained.unavailable)
+        assert "left out" in drained.reason
+    finally:
+        sl.run_cli(["scontrol", "update", "nodename=n2", "state=resume"], CONF)
+    assert [(n.name, c) for n, c in inv.place([1, 4, 5, 6])] == [("n1", 1), ("n2", 3)]
+
+
+def test_an_unreachable_controller_is_inventory_unavailable(tmp_path):
+    from ones_pipeline.adapters.inventory import InventoryUnavailable
+
+    conf = tmp_path / "slurm.conf"  # the same cluster on a port nobody listens on
+    text = Path(CONF).read_text()
+    conf.write_text("\n".join("SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line
+                              for line in text.splitlines()) + "\nMessageTimeout=2\n")
+    started = time.monotonic()
+    with pytest.raises(InventoryUnavailable, match="slurmctld|controller"):
+        sl.SlurmInventory("gpu", slurm_conf=str(conf)).discover()
+    assert time.monotonic() - started < sl.CLI_TIMEOUT_S + 5
+
+
+# -- one job across both nodes ------------------------------------------------------------------------------
+def test_a_job_spanning_both_nodes_trains_to_completion(project, monkeypatch):
+    result, tags, logs, state_dir = run_generation(project, "wide", [0, 1, 4, 5], 0, monkeypatch)
+    assert result.success, "\n".join(logs[-30:])
+    step_dirs = list((state_dir / "slurm").glob("g0-*"))
+    assert len(step_dirs) == 1
+    ranks = json.loads("[" + ",".join(p.read_text() for p in sorted(step_dirs[0].glob("rank-*.json"))) + "]")
+    # The ranks' own records and Slurm's: ranks 0-1 on n1, 2-3 on n2, each with its own GPU.
+    assert [(r["rank"], r["node"]) for r in sorted(ranks, key=lambda r: r["rank"])] == [
+        (0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")]
+    assert {(r["node"], tuple(r["gpus"])) for r in ranks} == {("n1", ("0",)), ("n1", ("1",)), ("n2", ("0",)),
+                                                               ("n2", ("1",))}
+    state = sl.job_state(tags["ones/slurm-job"], CONF)
+    assert state is not None and state.state == "COMPLETED" and state.nodes == "n[1-2]"
+    assert tags["ones/slurm-devices"] == "0:n1/gpu0 1:n1/gpu1 2:n2/gpu0 3:n2/gpu1"
+    epochs = [r for r in progress_rows(state_dir) if r.get("event") == "epoch"]
+    assert epochs[-1]["processes"] == 4 and epochs[-1]["samples"] == 4 * 1437
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    import mlflow
+
+    mlflow_run = next(r for r in progress_rows(state_dir) if r.get("event") == "mlflow_run")
+    run = mlflow.MlflowClient(f"sqlite:///{project}/.ones/state/mlflow.db").get_run(mlflow_run["run_id"])
+    assert run.data.tags["slurm.devices.g0"] == tags["ones/slurm-devices"]
+    assert run.data.tags["slurm.job_id.g0"] == tags["ones/slurm-job"]
+    assert not no_jobs_left()
+
+
+def test_resize_across_nodes_continues_the_sample_count_exactly(project, monkeypatch):
+    """1 node x 2 GPUs -> 2 nodes x 2 GPUs -> 1 node x 1 GPU: each generation is cancelled (TERM, checkpoint)
+    and the next resumes from the checkpoint's sample count; one MLflow run throughout."""
+    total = 4 * 1437
+    plan = [([0, 1], 1200), ([0, 1, 4, 5], 3000), ([2], None)]
+    stopped_at = []
+    for generation, (slots, stop) in enumerate(plan):
+        started = time.monotonic()
+        result, tags, logs, state_dir = run_generation(project, "wide", slots, generation, monkeypatch, stop)
+        rows = progress_rows(state_dir)
+        gen_rows = [r for r in rows if r.get("generation") == generation]
+        if stop is None:
+            assert result.success, "\n".join(logs[-30:])
+            assert [r for r in gen_rows if r.get("event") == "epoch"][-1]["samples"] == total
+        else:
+            assert not result.success  # the interrupted run
+            stop_row = next(r for r in gen_rows if r.get("event") == "stopped")
+            stopped_at.append(stop_row["samples"])
+            assert stop_row["samples"] >= stop
+            assert any("scancel --signal=TERM" in m for m in logs)
+            assert time.monotonic() - started < 120
+        assert not no_jobs_left(), "a Slurm job outlived its run"
+        ckpt = load_checkpoint(state_dir)
+        assert ckpt is not None
+        if stop is not None:  # what the next generation resumes from: exactly where this one stopped
+            assert ckpt["progress"]["samples_done"] == stopped_at[-1]
+        if generation > 0:
+            first = next(r for r in gen_rows if r.get("event") == "epoch")
+            assert stopped_at[generation - 1] < first["samples"] <= stopped_at[generation - 1] + 1437
+    runs = {r["run_id"] for r in progress_rows(state_dir) if r.get("event") == "mlflow_run"}
+    assert len(runs) == 1
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{project}/.ones/state/mlflow.db")
+    samples = [m.value for m in client.get_metric_history(runs.pop(), "samples")]
+    assert samples == sorted(samples) and samples[-1] == total  # never back beyond a checkpoint here
