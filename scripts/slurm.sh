@@ -7,6 +7,7 @@
 #   scripts/slurm.sh env               # print the export line again
 #   scripts/slurm.sh status            # exit 0 when slurmctld answers
 #   scripts/slurm.sh stop              # cancel every job, SIGTERM each daemon by its pidfile, SIGKILL after 10 s
+#   scripts/slurm.sh stop-controller   # only slurmctld (a fault test); `start` brings it back with its state
 #
 # Everything (config, munge key and socket, spool, state, logs, pidfiles) lives under
 # ${ONES_SLURM_DIR:-/tmp/ones-slurm}. Without Slurm installed, `start` runs `apt-get install -y slurm-wlm
@@ -129,9 +130,13 @@ start() {
       --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed" --force 2>>"$DIR/log/start.log" \
       || die "munged did not start (see $DIR/log/munged.log)"
   fi
-  SLURM_CONF="$CONF" slurmctld -i 2>>"$DIR/log/start.log" || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
+  # Each daemon only when it is not running already (after `stop-controller`, only slurmctld starts).
+  if ! running_pid "$DIR/run/slurmctld.pid" slurmctld >/dev/null; then
+    SLURM_CONF="$CONF" slurmctld -i 2>>"$DIR/log/start.log" || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
+  fi
   local n
   for n in "${NODES[@]}"; do
+    running_pid "$DIR/run/slurmd-$n.pid" slurmd >/dev/null && continue
     SLURM_CONF="$CONF" slurmd -N "$n" 2>>"$DIR/log/start.log" || die "slurmd -N $n did not start (see $DIR/log/slurmd-$n.log)"
   done
   local waited=0
@@ -170,6 +175,7 @@ stop() {
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  stop-controller) stop_pid "$DIR/run/slurmctld.pid" slurmctld ;;  # a fault test: the nodes and jobs run on
   env) echo "export SLURM_CONF=$CONF" ;;
   status) controller_answers ;;
   *) die "usage: scripts/slurm.sh start|stop|env|status" ;;

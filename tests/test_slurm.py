@@ -24,7 +24,7 @@ from ones_pipeline.config import load_job_spec  # noqa: E402
 from ones_pipeline.scheduler import RunAllocation  # noqa: E402
 from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one cluster: one worker at a time
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -206,3 +206,50 @@ def test_resize_across_nodes_continues_the_sample_count_exactly(project, monkeyp
     client = mlflow.MlflowClient(f"sqlite:///{project}/.ones/state/mlflow.db")
     samples = [m.value for m in client.get_metric_history(runs.pop(), "samples")]
     assert samples == sorted(samples) and samples[-1] == total  # never back beyond a checkpoint here
+
+
+# -- faults -------------------------------------------------------------------------------------------------
+def test_a_job_pending_forever_on_a_drained_node_fails_with_the_reason_and_is_planned_elsewhere(tmp_path,
+                                                                                              monkeypatch):
+    """The sensor plans the job; the test drains the node it was planned on (resources taken outside
+    ones); the run's Slurm job stays pending, is cancelled after ``pending_timeout_s`` and fails the run
+    with Slurm's reason; the next tick plans a new generation on the other node."""
+    from ones_pipeline.definitions import build_definitions
+    from ones_pipeline.defs.assets import training_job
+
+    monkeypatch.setenv("ONES_ENV", "slurm")
+    monkeypatch.setenv("ONES_PROJECT_DIR", str(tmp_path))
+    project = write_project(tmp_path, {"stuck": CNN.replace("max_gpus: 8", "max_gpus: 2") % 2}, pending_timeout=6)
+    defs = build_definitions(str(project), "slurm")
+    sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
+    with dg.instance_for_test() as instance:
+        with dg.build_sensor_context(instance=instance, definitions=defs, resources=defs.resources) as ctx:
+            first = sensor(ctx)
+        for req in first.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        rr = next(r for r in first.run_requests if r.job_name == "train_job")
+        slots = [int(s) for s in rr.tags["ones/slots"].split(",")]
+        node = "n1" if slots[0] < 4 else "n2"
+        sl.run_cli(["scontrol", "update", f"nodename={node}", "state=drain", "reason=taken-outside-ones"], CONF)
+        try:
+            started = time.monotonic()
+            done = dg.materialize([training_job], partition_key="stuck", instance=instance, raise_on_error=False,
+                                  run_config=rr.run_config, tags=rr.tags,
+                                  resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+            assert not done.success and time.monotonic() - started < 60
+            failure = next(e for e in done.all_events if e.event_type_value == "STEP_FAILURE")
+            message = failure.step_failure_data.error.message
+            assert "still pending after 6 s" in message and "planned again" in message, message
+            assert "ReqNodeNotAvail" in message or "Resources" in message or "drain" in message.lower(), message
+            assert not no_jobs_left()
+            time.sleep(2.5)  # the retry backoff (retry_backoff_s: 2)
+            with dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs,
+                                         resources=defs.resources) as ctx:
+                again = sensor(ctx)
+            retry = next(r for r in again.run_requests if r.job_name == "train_job")
+            new_slots = [int(s) for s in retry.tags["ones/slots"].split(",")]
+            other = range(4, 8) if node == "n1" else range(0, 4)
+            assert int(retry.tags["ones/generation"]) > int(rr.tags["ones/generation"])
+            assert all(s in other for s in new_slots), (node, new_slots)
+        finally:
+            sl.run_cli(["scontrol", "update", f"nodename={node}", "state=resume"], CONF)

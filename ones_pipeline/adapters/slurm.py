@@ -164,8 +164,8 @@ class SlurmInventory:
         slot_ids = tuple(g.index for g in gpus)
         reason = (f"Slurm partition {self.partition}: {len(usable)} node(s), {len(slot_ids)} GPU(s)"
                   + (f"; left out: {'; '.join(down)}" if down else ""))
-        if not usable:
-            return Inventory("gpu", (), (), reason, 1, nodes=(), unavailable=down)
+        if not usable:  # e.g. every node "unknown" while a restarted slurmctld waits for them to register
+            raise InventoryUnavailable(f"Slurm partition {self.partition}: no usable node ({'; '.join(down)})")
         return Inventory("gpu", slot_ids, gpus, reason, max(len(ids) for _, ids in usable),
                          nodes=tuple(Node(n.name, ids) for n, ids in usable), unavailable=down)
 

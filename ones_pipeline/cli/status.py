@@ -34,7 +34,19 @@ def eta_text(remaining_samples: float, samples_done: float, held_s: float) -> st
     return f"{max(remaining_samples, 0.0) / (samples_done / held_s):.0f} s"
 
 
-def job_rows(env: EnvConfig, instance) -> list[dict]:
+def slots_summary(env: EnvConfig):
+    """(device kind, lines about the slots): the inventory's own line, one per node left out (down or
+    drained, with Slurm's reason), or why the inventory could not be read now."""
+    from ones_pipeline.adapters.inventory import InventoryUnavailable
+
+    try:
+        inventory = inventory_source(env.cluster).discover()
+    except InventoryUnavailable as exc:
+        return "gpu" if env.cluster.slurm is not None else "cpu", [f"slots unavailable: {exc}"]
+    return inventory.kind, [f"slots: {inventory.reason}"] + [f"node left out: {u}" for u in inventory.unavailable]
+
+
+def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
     """One row per job in assets/jobs (and finished ones): state, slots, batch, progress, ETA, restarts."""
     from ones_pipeline.adapters.mlflow import read_progress
     from ones_pipeline.defs.instance import finished_jobs, job_run_infos
@@ -47,7 +59,7 @@ def job_rows(env: EnvConfig, instance) -> list[dict]:
     except Exception:  # status must work without MLflow
         progress = {}
     failed = env.layout.failed()
-    device = inventory_source(env.cluster).discover().kind  # "gpu 0,1" or "cpu 0": CPU slots are not GPUs
+    device = device or slots_summary(env)[0]  # "gpu 0,1" or "cpu 0": CPU slots are not GPUs
     rows = []
     for job in sorted(set(specs) | finished):
         rs = sorted((r for r in runs if r.job == job), key=lambda r: (r.generation, r.created_s))
@@ -85,8 +97,11 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 def cmd_status(env: EnvConfig) -> int:
     from ones_pipeline.defs.instance import open_instance
 
+    device, slot_lines = slots_summary(env)
     with open_instance(env) as instance:
-        print(format_table(job_rows(env, instance), STATUS_COLUMNS))
+        print(format_table(job_rows(env, instance, device), STATUS_COLUMNS))
+    for line in slot_lines:
+        print(line)
     for err in env.layout.read_json(env.layout.spec_errors, []):
         print(f"skipped spec: {err['message']}")
     return 0

@@ -30,6 +30,7 @@ from ones_pipeline.adapters.slurm import (
     JobState,
     SlurmError,
     SlurmInventory,
+    SlurmUnreachable,
     cancel_job,
     job_state,
     rendezvous_port,
@@ -42,6 +43,7 @@ from ones_pipeline.train.slurm_ranks import devices_text, read_rank_records
 
 POLL_S = 0.5
 STOP_MARGIN_S = 15.0  # beyond the grace period, for Slurm to reap the job after its ranks exit
+UNREACHABLE_LIMIT_S = 600.0  # a run waits this long for slurmctld to come back before it fails
 TAG_SLURM_JOB = "ones/slurm-job"
 TAG_SLURM_DEVICES = "ones/slurm-devices"
 
@@ -131,9 +133,22 @@ def _wait(context, alloc: RunAllocation, env: EnvConfig, job_id: str, step_dir: 
     all ranks are up; fail it when it stays pending too long."""
     cfg, conf = env.launcher.slurm, env.cluster.slurm.slurm_conf
     output = _Output(step_dir / f"slurm-{job_id}.out")
-    submitted, tagged, last = time.monotonic(), False, None
+    submitted, tagged, last, unreachable_since = time.monotonic(), False, None, None
     while True:
-        state = job_state(job_id, conf)
+        try:
+            state = job_state(job_id, conf)
+        except SlurmUnreachable as exc:  # the job runs on without slurmctld; keep waiting for it
+            if unreachable_since is None:
+                unreachable_since = time.monotonic()
+                context.log.warning(f"Slurm job {job_id}: {exc}; still waiting for the job")
+            elif time.monotonic() - unreachable_since > UNREACHABLE_LIMIT_S:
+                raise _failure(alloc, f"slurmctld unreachable for {UNREACHABLE_LIMIT_S:g} s while waiting for "
+                               f"Slurm job {job_id}: {exc}") from exc
+            time.sleep(POLL_S * 4)
+            continue
+        if unreachable_since is not None:
+            context.log.info(f"Slurm job {job_id}: slurmctld answers again")
+            unreachable_since = None
         output.relay(context)
         if state is None or not state.active:
             return state or JobState(job_id, "GONE", "no longer known to Slurm", "", "")

@@ -1,0 +1,173 @@
+"""End to end on Slurm: `ones up --env slurm` (real Dagster webserver and daemon) schedules 3 jobs on the
+8 fake GPUs of the private cluster (scripts/slurm.sh: n1 and n2, 4 each), every run a Slurm job. Checked
+through GraphQL, MLflow and Slurm's own records (``squeue --json``, polled while the jobs run): all
+materialized, at least one preemption and one resize, no GPU held by two Slurm jobs at once, no Slurm job
+left behind. Midway slurmctld is stopped for a few ticks: the sensor skips those ticks with one clear
+message and cancels nothing; the jobs run on, and the run workers wait for the controller."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("dagster")
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("torch")
+
+from test_e2e import MATERIALIZATIONS, RUNS, free_port, graphql  # noqa: E402
+from test_slurm import CONF, write_project  # noqa: E402  (skips the module when no cluster answers)
+
+from ones_pipeline.adapters import slurm as sl  # noqa: E402
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
+ROOT = Path(__file__).resolve().parents[1]
+MLP = "model: mlp-digits\nper_gpu_batch: 16\nbase_lr: 0.05\nmax_lr: 0.4\nmax_gpus: {gpus}\nstopping: {{epochs: {epochs}}}\n"
+JOBS = {"long": MLP.format(gpus=8, epochs=400), "quick": MLP.format(gpus=4, epochs=40),
+        "mid": MLP.format(gpus=4, epochs=120)}
+TIMEOUT_S = 600
+LOCATION = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
+TICKS = """{ instigationStateOrError(instigationSelector: {repositoryName: "__repository__",
+  repositoryLocationName: "%s", name: "ones_scheduler_sensor"}) {
+  ... on InstigationState { ticks(limit: 400) { status timestamp skipReason } } } }"""
+
+
+def expand(nodes: str) -> list[str]:
+    out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=10,
+                         env={**os.environ, "SLURM_CONF": CONF})
+    return out.stdout.split()
+
+
+def held_gpus() -> dict[str, set[tuple[str, int]]]:
+    """Running Slurm jobs of ours -> the (node, GPU index) pairs Slurm gave them (``squeue --json``)."""
+    held: dict[str, set[tuple[str, int]]] = {}
+    for job in sl.json_cli(["squeue", "--json"], CONF).get("jobs", []):
+        if not str(job.get("name", "")).startswith("ones-") or job.get("job_state") != "RUNNING":
+            continue
+        key = str(job.get("het_job_id") or job["job_id"])
+        for node, gres in zip(expand(job["nodes"]), job.get("gres_detail") or [], strict=False):
+            idx = gres.split("IDX:")[1].rstrip(")") if "IDX:" in gres else ""
+            for part in filter(None, idx.split(",")):
+                lo, _, hi = part.partition("-")
+                held.setdefault(key, set()).update((node, i) for i in range(int(lo), int(hi or lo) + 1))
+    return held
+
+
+def check_no_shared_gpu(snapshot: dict[str, set[tuple[str, int]]]) -> None:
+    seen: dict[tuple[str, int], str] = {}
+    for job, gpus in snapshot.items():
+        for gpu in gpus:
+            assert gpu not in seen, f"GPU {gpu} held by Slurm jobs {seen[gpu]} and {job} at once"
+            seen[gpu] = job
+
+
+def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path):
+    project = write_project(tmp_path, {}, grace=15, pending_timeout=120)
+    port = free_port()
+    ones = str(Path(sys.executable).parent / "ones")
+    log = open(project / "up.log", "wb")  # noqa: SIM115 (the daemon writes to it until the test stops it)
+    proc = subprocess.Popen([ones, "up", "--project", str(project), "--env", "slurm", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    snapshots, outage = 0, None
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                graphql(port, "{ version }")
+                break
+            except OSError:
+                assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "webserver not up in 90 s"
+                time.sleep(1)
+        from ones_pipeline.adapters.mlflow import read_progress
+
+        uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
+        for name, text in JOBS.items():
+            if name != "long":  # the others once the long job trains on (at most) all 8 GPUs
+                while not (p := read_progress(uri, "ones", ["long"]).get("long")) or p.epochs_done < 20:
+                    assert time.monotonic() < deadline + TIMEOUT_S, "long made no progress"
+                    check_no_shared_gpu(held_gpus())
+                    time.sleep(1)
+            spec = project / f"{name}.yaml"
+            spec.write_text(text)
+            out = subprocess.run([ones, "submit", str(spec), "--project", str(project), "--env", "slurm"],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            snapshot = held_gpus()
+            check_no_shared_gpu(snapshot)
+            snapshots += 1
+            if outage is None and len(snapshot) >= 2:  # two jobs running: take the controller away for 3 ticks
+                subprocess.run([str(ROOT / "scripts/slurm.sh"), "stop-controller"], check=True, timeout=30)
+                outage = [time.time()]
+                time.sleep(10)
+                subprocess.run([str(ROOT / "scripts/slurm.sh"), "start"], check=True, timeout=60,
+                               stdout=subprocess.DEVNULL)
+                outage.append(time.time())
+            mats = graphql(port, MATERIALIZATIONS)["assetOrError"]["assetMaterializations"]
+            if {m["partition"] for m in mats} >= set(JOBS):
+                break
+            assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"not all materialized in {TIMEOUT_S} s: {[m['partition'] for m in mats]}"
+            time.sleep(2)
+        runs = graphql(port, RUNS)["runsOrError"]["results"]
+        location = graphql(port, LOCATION)["repositoriesOrError"]["nodes"][0]["location"]["name"]
+        ticks = graphql(port, TICKS % location)["instigationStateOrError"]["ticks"]
+        status = subprocess.run([ones, "status", "--project", str(project), "--env", "slurm"], capture_output=True,
+                                text=True, timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        subprocess.run([str(ROOT / "scripts/slurm.sh"), "start"], timeout=60, stdout=subprocess.DEVNULL)
+    assert proc.returncode == 0, (project / "up.log").read_text()[-3000:]
+    assert snapshots > 10
+
+    # Every job materialized; at least one preemption (a generation that checkpointed and ended CANCELED)
+    # and one resize (a later generation on a different number of GPUs).
+    assert {m["partition"] for m in mats} >= set(JOBS)
+    by_job: dict[str, list[dict]] = {}
+    for r in runs:
+        tags = {t["key"]: t["value"] for t in r["tags"]}
+        if r["startTime"] is not None:
+            by_job.setdefault(tags["ones/job"], []).append({**tags, "status": r["status"]})
+    sizes = {job: {len(g["ones/slots"].split(",")) for g in gens} for job, gens in by_job.items()}
+    assert any(len(s) >= 2 for s in sizes.values()), f"no job was resized: {sizes}"
+    planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]
+    assert planned and all(g["status"] == "CANCELED" for g in planned), by_job
+    assert all("ones/slurm-job" in g for gens in by_job.values() for g in gens), by_job
+
+    # The outage: the ticks in it were skipped with the reason, and no run was cancelled for it.
+    assert outage is not None, "never two Slurm jobs at once"
+    skipped = [t for t in ticks if outage[0] <= t["timestamp"] <= outage[1] + 1]
+    assert skipped and all(t["status"] == "SKIPPED" and "slot inventory unavailable" in (t["skipReason"] or "")
+                           for t in skipped if t["skipReason"] and "unavailable" in t["skipReason"])
+    assert any("slot inventory unavailable" in (t["skipReason"] or "") for t in skipped), skipped
+    cancelled_in_outage = [r for r in runs if r["status"] == "CANCELED" and r["endTime"]
+                           and outage[0] + 1 < r["endTime"] < outage[1]]
+    assert not cancelled_in_outage, cancelled_in_outage
+
+    # One MLflow run per job, sample count never back to 0; no Slurm job left behind.
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{project / '.ones/state/mlflow.db'}")
+    exp = client.get_experiment_by_name("ones").experiment_id
+    for job in JOBS:
+        (run,) = client.search_runs([exp], filter_string=f"tags.`ones.job` = '{job}'")
+        samples = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "samples"),
+                                           key=lambda m: m.timestamp)]
+        assert samples == sorted(samples) and samples[0] > 0
+        assert any(k.startswith("slurm.devices.g") for k in run.data.tags)
+    assert not sl.jobs_named("ones-", CONF), "Slurm jobs left behind"
+    assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:]
+               if line.split() and line.split()[0] in JOBS), status.stdout
+    assert "Slurm partition gpu" in status.stdout
+    report = json.loads((project / ".ones/state/report/jct.json").read_text()) \
+        if (project / ".ones/state/report/jct.json").exists() else None
+    print("e2e on Slurm:", {job: sorted(s) for job, s in sizes.items()}, "report:", report)
