@@ -230,7 +230,7 @@ BAD_ENVS = [
      ["'some'", "allowed: auto, none, or a list of GPU ids"]),
     ("gpus-duplicate", {"cluster": {"gpus": [0, 0]}}, "cluster.gpus", ["distinct GPU ids"]),
     ("cpu-slots-zero", {"cluster": {"cpu_slots": 0}}, "cluster.cpu_slots", [">= 1"]),
-    ("launcher-k8s", {"launcher": {"kind": "k8s"}}, "launcher.kind", ["'k8s'", "allowed: subprocess, docker"]),
+    ("launcher-k8s", {"launcher": {"kind": "k8s"}}, "launcher.kind", ["'k8s'", "allowed: subprocess, docker, slurm"]),
     ("policy-lottery", {"policy": {"name": "lottery"}}, "policy.name", ["'lottery'", "allowed:", *policy_names()]),
     ("policy-params-unknown", {"policy": {"params": {"bogus_knob": 1}}}, "policy.params",
      ["not accepted by policy 'ones'", "bogus_knob"]),
@@ -244,6 +244,20 @@ BAD_ENVS = [
      "launcher.docker.volumes[0]", ["HOST:CONTAINER[:ro|rw]", "'/a'"]),
     ("docker-without-image", {"launcher": {"kind": "docker"}}, "launcher.docker.image", ["missing (required)"]),
     ("tick-interval-zero", {"scheduler": {"tick_interval_s": 0}}, "scheduler.tick_interval_s", [">= 1"]),
+    ("slurm-launcher-without-cluster", {"launcher": {"kind": "slurm"}}, "cluster.slurm",
+     ["launcher.kind: slurm needs cluster.slurm"]),
+    ("slurm-cluster-without-launcher", {"cluster": {"slurm": {"partition": "gpu"}}}, "launcher.kind",
+     ["a Slurm cluster needs launcher.kind: slurm"]),
+    ("slurm-partition-missing", {"cluster": {"slurm": {"nodes": ["n1"]}}, "launcher": {"kind": "slurm"}},
+     "cluster.slurm.partition", ["missing (required)"]),
+    ("slurm-nodes-duplicate", {"cluster": {"slurm": {"partition": "gpu", "nodes": ["n1", "n1"]}},
+                               "launcher": {"kind": "slurm"}}, "cluster.slurm.nodes", ["distinct node names"]),
+    ("slurm-rank-device", {"cluster": {"slurm": {"partition": "gpu"}},
+                           "launcher": {"kind": "slurm", "slurm": {"rank_device": "tpu"}}},
+     "launcher.slurm.rank_device", ["'tpu'", "allowed: cuda, cpu"]),
+    ("slurm-sbatch-args", {"cluster": {"slurm": {"partition": "gpu"}},
+                           "launcher": {"kind": "slurm", "slurm": {"sbatch_args": "--account=ml"}}},
+     "launcher.slurm.sbatch_args", ["list of sbatch options"]),
     ("not-a-mapping", "- cluster\n", None, ["must be a mapping", "list"]),
     ("invalid-yaml", "cluster:\n  gpus: none\n cpu_slots: 2\n", None, ["not valid YAML", "line 3"]),
 ]
@@ -263,6 +277,12 @@ def test_bad_env_names_file_and_field(tmp_path: Path, case, data, field, needles
         assert f"field '{field}'" in message
     for needle in needles:
         assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_repo_slurm_env_loads():
+    env = load_env(REPO, "slurm")
+    assert env.launcher.kind == "slurm" and env.cluster.slurm.partition == "gpu"
+    assert env.launcher.slurm.python.endswith("python") and env.launcher.slurm.pending_timeout_s == 300
 
 
 def test_tracking_uri_env_unset_names_variable(tmp_path: Path, monkeypatch):
