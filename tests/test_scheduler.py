@@ -138,3 +138,31 @@ def test_a_policy_batch_beyond_what_the_processes_hold_is_clamped_not_a_crash():
         assert launch.global_batch == 64 and launch.lr == lr_for_batch(capped, 64)
     finally:
         policies.POLICIES.pop("greedy-test")
+
+
+def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots():
+    """'long' holds both slots; 'short' arrives and the policy takes a slot from 'long'. The decision of
+    'long' carries the predicted time to finish before and after (restart included), the restart cost and
+    the job its slot goes to; the cancel reason (the "preempted by ones: ..." line) says the same."""
+    long_run = run("long", 0, [0, 1], created=900.0, batch=64)
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
+    (d,) = [d for d in p.decisions if d.job == "long"]
+    why = d.why
+    assert why["frees_for"] == ["short"] and why["restart_cost_s"] > 0
+    assert why["remaining_before_s"] > 0
+    if why["remaining_after_s"] is not None:  # a shrink: slower, and the restart on top
+        assert why["remaining_after_s"] > why["remaining_before_s"]
+        assert "predicted to finish in" in d.reason and "restart" in d.reason
+    assert "frees slots for short" in d.reason
+    (cancel,) = [c for c in p.cancels if c.job == "long"]
+    assert "frees slots for short" in cancel.reason
+    assert d.to_dict()["why"] == why
+
+
+def test_a_job_that_waits_says_why_and_who_holds_the_slots():
+    long_run = run("long", 0, [0, 1], created=995.0, batch=64)
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
+    assert p.waiting == {"short": "waiting: no free slots; held by long (cpu 0,1)"}
+    from ones_pipeline.scheduler.rationale import waiting_reason
+
+    assert waiting_reason("x", {}, [1], "gpu").startswith("waiting: 1 slot(s) free (gpu 1)")

@@ -42,8 +42,22 @@ def slots_summary(env: EnvConfig):
     try:
         inventory = inventory_source(env.cluster).discover()
     except InventoryUnavailable as exc:
-        return "gpu" if env.cluster.slurm is not None else "cpu", [f"slots unavailable: {exc}"]
-    return inventory.kind, [f"slots: {inventory.reason}"] + [f"node left out: {u}" for u in inventory.unavailable]
+        return "gpu" if env.cluster.slurm is not None else "cpu", [f"slots unavailable: {exc}"], ()
+    return (inventory.kind, [f"slots: {inventory.reason}"] + [f"node left out: {u}" for u in inventory.unavailable],
+            inventory.slot_ids)
+
+
+def waiting_lines(rows: list[dict], runs, slot_ids, device: str) -> list[str]:
+    """For each job that waits (pending, paused, retrying): why, from the runs in flight and the slots."""
+    from ones_pipeline.scheduler.rationale import waiting_reason
+
+    holders: dict[str, tuple[int, ...]] = {}
+    for r in runs:
+        if r.in_flight:
+            holders[r.job] = tuple(holders.get(r.job, ())) + tuple(r.slot_ids)
+    free = [s for s in slot_ids if not any(s in held for held in holders.values())]
+    return [f"{row['job']}: {waiting_reason(row['job'], holders, free, device)}" for row in rows
+            if row["state"] in ("pending", "paused", "retrying")]
 
 
 def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
@@ -95,12 +109,14 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
 
 
 def cmd_status(env: EnvConfig) -> int:
-    from ones_pipeline.defs.instance import open_instance
+    from ones_pipeline.defs.instance import job_run_infos, open_instance
 
-    device, slot_lines = slots_summary(env)
+    device, slot_lines, slot_ids = slots_summary(env)
     with open_instance(env) as instance:
-        print(format_table(job_rows(env, instance, device), STATUS_COLUMNS))
-    for line in slot_lines:
+        rows = job_rows(env, instance, device)
+        waits = waiting_lines(rows, job_run_infos(instance), slot_ids, device)
+    print(format_table(rows, STATUS_COLUMNS))
+    for line in slot_lines + waits:
         print(line)
     for err in env.layout.read_json(env.layout.spec_errors, []):
         print(f"skipped spec: {err['message']}")

@@ -86,13 +86,32 @@ def _run_requests(plan: TickPlan) -> list[dg.RunRequest]:
                           tags=launch.tags()) for launch in plan.launches]
 
 
-def _observations(env: EnvConfig, plan: TickPlan) -> list[dg.AssetObservation]:
-    # The daemon stores these before adding partitions; an observation of a partition created in the same
-    # tick still shows once the partition exists.
-    return [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
+def _why_metadata(why) -> dict:
+    if not why:
+        return {}
+    out = {"restart_cost_s": dg.MetadataValue.float(float(why["restart_cost_s"]))}
+    for key in ("remaining_before_s", "remaining_after_s"):
+        if why.get(key) is not None:
+            out[f"predicted_{key}"] = dg.MetadataValue.float(float(why[key]))
+    if why.get("frees_for"):
+        out["frees_slots_for"] = ", ".join(why["frees_for"])
+    return out
+
+
+def _observations(env: EnvConfig, plan: TickPlan, waiting_seen: dict[str, str]) -> list[dg.AssetObservation]:
+    """One per decision (its numbers included), and one per job whose reason to wait changed since the last
+    tick. The daemon stores these before adding partitions; an observation of a partition created in the
+    same tick still shows once the partition exists."""
+    events = [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
         "decision": d.line(), "gpus_before": ",".join(map(str, d.before)) or "-",
         "gpus_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
-        "policy": env.policy.name}) for d in plan.decisions]
+        "policy": env.policy.name, **_why_metadata(d.why)}) for d in plan.decisions]
+    for job, why in sorted(plan.waiting.items()):
+        key = hashlib.sha256(why.encode()).hexdigest()[:12]
+        if waiting_seen.get(job) != key:
+            events.append(dg.AssetObservation(asset_key=TRAINING_ASSET, partition=job,
+                                              metadata={"waiting": why, "policy": env.policy.name}))
+    return events
 
 
 def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None) -> dg.RunRequest | None:
@@ -134,13 +153,14 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     apply = _apply(env, plan, spec_errors)
     if apply is not None:
         requests.insert(0, apply)  # the cancellations first: they free the slots the new runs wait for
-    events = _observations(env, plan)
+    events = _observations(env, plan, dict(cursor.get("waiting", {})))
     active_runs = [r for r in runs if r.in_flight]
     if specs and set(specs) <= finished | set(plan.cursor["failed"]) and not active_runs and not plan.launches:
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]
         requests.append(dg.RunRequest(run_key=f"report-{done_key}", job_name=REPORT_JOB_NAME,
                                       tags={"ones/report": "true"}))
     plan.cursor["errors"] = error_keys
+    plan.cursor["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
     plan.cursor["last_tick"] = {"time_s": now, "decide_s": round(plan.decide_s, 4),
                                 "tick_s": round(time.perf_counter() - t_start, 4), "jobs": len(specs),
                                 "slots": slots.num_slots, "inventory": slots.reason}

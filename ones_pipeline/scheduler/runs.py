@@ -144,7 +144,8 @@ class Decision:
     before: tuple[int, ...]
     after: tuple[int, ...]
     global_batch: int
-    reason: str
+    reason: str  # in words, with the predictions behind it (``scheduler.rationale``)
+    why: Mapping[str, Any] | None = None  # those numbers: remaining_before_s, remaining_after_s, restart_cost_s, ...
 
     def line(self) -> str:
         def fmt(slots: tuple[int, ...]) -> str:
@@ -155,7 +156,8 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "job": self.job, "before": list(self.before), "after": list(self.after),
-                "global_batch": self.global_batch, "reason": self.reason}
+                "global_batch": self.global_batch, "reason": self.reason,
+                **({"why": dict(self.why)} if self.why else {})}
 
 
 @dataclass
@@ -165,6 +167,7 @@ class TickPlan:
     decisions: list[Decision] = field(default_factory=list)
     cursor: dict[str, Any] = field(default_factory=dict)
     newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason
+    waiting: dict[str, str] = field(default_factory=dict)  # job without slots -> why it waits
     decide_s: float = 0.0  # wall time of the policy
 
 

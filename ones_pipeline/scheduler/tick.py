@@ -29,6 +29,7 @@ from typing import Any
 from ones_pipeline.core.policies import Policy, make_policy
 from ones_pipeline.core.types import Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, lr_for_batch
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.rationale import explain, waiting_reason
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
@@ -88,7 +89,9 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
     new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
                                           and inputs.now - r.created_s < settings.min_hold_s})
-    diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan)
+    diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
+                                 views)
+    plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
     plan.cursor = _cursor(inputs, policy, state)
     return plan
 
@@ -241,22 +244,40 @@ def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_c
     return "move to other slots"
 
 
-def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
-                                 active: set[str], spec_changed: set[str], state: _State, plan: TickPlan) -> None:
-    """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
-    generation; one decision record per change."""
+def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: set[str],
+                  spec_changed: set[str]) -> list[str]:
+    """Active jobs whose slots or batch change, or whose running spec changed, in name order."""
     ids = inputs.slot_ids
+    out = []
     for job in sorted(set(current.allocations) | set(new.allocations)):
         if job not in active:
             continue
         before, after = current.allocations.get(job), new.allocations.get(job)
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
-        changed = job in spec_changed or before_ids != after_ids or (
-            before is not None and after is not None and before.global_batch != after.global_batch)
-        if not changed:
-            continue
+        if job in spec_changed or before_ids != after_ids or (
+                before is not None and after is not None and before.global_batch != after.global_batch):
+            out.append(job)
+    return out
+
+
+def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
+                                 active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
+                                 views: Sequence[JobView] = ()) -> None:
+    """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
+    generation; one decision record per change, with the numbers behind it (``scheduler.rationale``)."""
+    ids = inputs.slot_ids
+    changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
+    whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
+                   settings.params.get("restart_cost_s")) if views else {}
+    for job in changed_jobs:
+        before, after = current.allocations.get(job), new.allocations.get(job)
+        before_ids = tuple(ids[i] for i in before.gpus) if before else ()
+        after_ids = tuple(ids[i] for i in after.gpus) if after else ()
         reason = _describe(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
+        why = whys.get(job)
+        if why is not None and why.text():
+            reason = f"{reason}: {why.text()}"
         if before is not None:
             run = current.runs[job]
             plan.cancels.append(Cancel(run.run_id, job, run.generation, reason))
@@ -272,7 +293,18 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
             plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
             pr = inputs.progress.get(job)
             state.launch_epochs[job] = (pr.samples_done / spec.dataset_size) if pr else 0.0
-        plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason))
+        plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason,
+                                       why.to_dict() if why is not None else None))
+
+
+def waiting_jobs(inputs: TickInputs, new: Schedule, active: Sequence[str]) -> dict[str, str]:
+    """Why each active job without an allocation waits: no free slot (and which jobs hold them), or the
+    policy keeps it queued although slots are free."""
+    ids = inputs.slot_ids
+    holders = {j: tuple(ids[i] for i in a.gpus) for j, a in new.allocations.items() if a.gpus}
+    taken = {s for slots in holders.values() for s in slots}
+    free = [s for s in ids if s not in taken]
+    return {job: waiting_reason(job, holders, free, inputs.device) for job in active if job not in holders}
 
 
 def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]:
