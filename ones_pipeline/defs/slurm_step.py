@@ -57,13 +57,31 @@ def _failure(alloc: RunAllocation, what: str, **metadata) -> dg.Failure:
                       metadata={k: v for k, v in metadata.items() if v is not None})
 
 
-def _prepare(env: EnvConfig, alloc: RunAllocation, extras: dict, run_id: str) -> tuple[Path, list[str], dict, list]:
+def _patient(context, call, what: str):
+    """``call()``, retried while slurmctld does not answer (up to ``UNREACHABLE_LIMIT_S``): a controller
+    restart must not fail the runs that are starting."""
+    deadline = time.monotonic() + UNREACHABLE_LIMIT_S
+    warned = False
+    while True:
+        try:
+            return call()
+        except SlurmUnreachable as exc:
+            if time.monotonic() > deadline:
+                raise
+            if not warned:
+                context.log.warning(f"{what}: {exc}; retrying until slurmctld answers")
+                warned = True
+            time.sleep(POLL_S * 4)
+
+
+def _prepare(context, env: EnvConfig, alloc: RunAllocation, extras: dict,
+             run_id: str) -> tuple[Path, list[str], dict, list]:
     """Write the generation's request and batch script; return the script, sbatch's arguments, the
     variables the job gets and the placement (node, ranks on it)."""
     cluster, cfg = env.cluster.slurm, env.launcher.slurm
     inventory = SlurmInventory(cluster.partition, cluster.nodes, cluster.slurm_conf)
     try:
-        placement = inventory.place(alloc.gpus)
+        placement = _patient(context, lambda: inventory.place(alloc.gpus), "sinfo")
     except SlurmError as exc:
         raise _failure(alloc, f"cannot place slots {list(alloc.gpus)} on Slurm: {exc}") from exc
     step_dir = Path(extras["state_dir"]) / "slurm" / f"g{alloc.generation}-{run_id[:8]}"
@@ -196,14 +214,15 @@ def _stop(context, alloc: RunAllocation, env: EnvConfig, job_id: str) -> None:
 def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, step_env: dict):
     """Run the allocation as one Slurm job; the completed Pipes invocation (its results are the step's
     materialization). Raises ``dagster.Failure`` naming the job, generation, Slurm job id and reason."""
-    script, args, job_env, placement = _prepare(env, alloc, extras, context.run.run_id)
+    script, args, job_env, placement = _prepare(context, env, alloc, extras, context.run.run_id)
     step_dir, conf = script.parent, env.cluster.slurm.slurm_conf
     with dg.open_pipes_session(context=context, extras=extras,
                                context_injector=dg.PipesFileContextInjector(str(step_dir / "pipes-context.json")),
                                message_reader=dg.PipesFileMessageReader(str(step_dir / "pipes-messages.jsonl"))
                                ) as session:
         try:
-            job_id = submit(str(script), args, {**step_env, **session.get_bootstrap_env_vars(), **job_env}, conf)
+            variables = {**step_env, **session.get_bootstrap_env_vars(), **job_env}
+            job_id = _patient(context, lambda: submit(str(script), args, variables, conf), "sbatch")
         except SlurmError as exc:
             raise _failure(alloc, f"sbatch refused the job: {exc}") from exc
         context.instance.add_run_tags(context.run.run_id, {TAG_SLURM_JOB: job_id})
