@@ -26,10 +26,10 @@ from ones_pipeline.adapters import slurm as sl  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[1]
-MLP = ("model: mlp-digits\nper_gpu_batch: 16\nbase_lr: 0.05\nmax_lr: 0.4\nmax_gpus: {gpus}\n"
+MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nmax_gpus: {gpus}\n"
        "stopping: {{epochs: {epochs}}}\n")
-JOBS = {"long": MLP.format(gpus=8, epochs=200), "quick": MLP.format(gpus=4, epochs=15),
-        "mid": MLP.format(gpus=4, epochs=50)}
+JOBS = {"long": MLP.format(gpus=8, epochs=60), "quick": MLP.format(gpus=4, epochs=6),
+        "mid": MLP.format(gpus=4, epochs=20)}
 TIMEOUT_S = 600
 LOCATION = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
 TICKS = """{ instigationStateOrError(instigationSelector: {repositoryName: "__repository__",
@@ -89,7 +89,7 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
         uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
         for name, text in JOBS.items():
             if name != "long":  # the others once the long job trains on (at most) all 8 GPUs
-                while not (p := read_progress(uri, "ones", ["long"]).get("long")) or p.epochs_done < 10:
+                while not (p := read_progress(uri, "ones", ["long"]).get("long")) or p.epochs_done < 4:
                     assert time.monotonic() < deadline + TIMEOUT_S, "long made no progress"
                     check_no_shared_gpu(held_gpus())
                     time.sleep(1)
