@@ -16,7 +16,7 @@ from dagster._core.storage.dagster_run import DagsterRunStatus  # noqa: E402
 from dagster._core.test_utils import create_run_for_test  # noqa: E402
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin  # noqa: E402
 
-from ones_pipeline.config import load_job_spec  # noqa: E402
+from ones_pipeline.config import load_env, load_job_spec  # noqa: E402
 from ones_pipeline.definitions import build_definitions  # noqa: E402
 from ones_pipeline.defs.assets import training_job  # noqa: E402
 from ones_pipeline.defs.launchers import InMemoryLauncher  # noqa: E402
@@ -131,7 +131,11 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
         held += slots
     assert len(held) == len(set(held)) and set(held) <= {0, 1}
     cursor = json.loads(result.cursor)
-    assert cursor["policy"]["name"] == "ones" and set(cursor["submit"]) == {"job-a", "job-b"}
+    assert set(cursor["submit"]) == {"job-a", "job-b"} and "policy" not in cursor
+    # The search state rides in the apply run's config (saved for committed ticks only); the cursor names it.
+    apply = next(r for r in result.run_requests if r.job_name == "ones_apply")
+    saved = json.loads(apply.run_config["ops"]["apply_tick"]["config"]["plan"])["policy"]
+    assert cursor["policy_ref"] == saved["ref"] and saved["state"]["name"] == "ones"
     # Even a job's first decision is recorded as an observation of its (new) partition.
     assert {e.partition for e in result.asset_events} == {rr.partition_key for rr in train}
 
@@ -347,3 +351,25 @@ def test_a_planned_preemption_says_so_on_the_run(project, instance):
     assert any(m.startswith("preempted by ones: job-a generation 4 checkpointed at 100 samples") for m in logs)
     crashed = instance.get_run_by_id(outcomes["interrupt"].run_id)
     assert "ones/outcome" not in crashed.tags
+
+
+def test_the_policy_search_state_is_saved_by_the_apply_run_and_restored_from_the_cursor_ref(project, instance):
+    """The cursor holds a reference, not the population: the committed tick's apply run writes the state
+    to policy/<ref>.json, and the next tick restores the search from that file. A tick that is not
+    committed (a preview) writes nothing."""
+    from ones_pipeline.defs.sensor import _saved_policy_state
+
+    layout = load_env(project).layout
+    preview = tick(project, instance, commit=False)
+    assert not layout.policy_dir.exists()
+    first = tick(project, instance)
+    cursor = json.loads(first.cursor)
+    saved = layout.read_json(layout.policy_state(cursor["policy_ref"]), None)
+    assert saved is not None and saved["name"] == "ones" and saved["state"]
+    assert json.loads(preview.cursor).keys() == cursor.keys() and len(first.cursor) < 1000
+
+    class Ctx:  # only the logger is used
+        log = type("L", (), {"info": staticmethod(lambda m: None)})
+
+    assert _saved_policy_state(Ctx, load_env(project), cursor) == saved
+    assert _saved_policy_state(Ctx, load_env(project), {"policy_ref": "0" * 16}) is None

@@ -70,7 +70,7 @@ def test_a_run_without_an_lr_tag_gets_the_core_rule_not_zero():
     assert "ones/lr" not in tags  # the allocation's LR follows its batch (core rule): no tag needed
     info = RunInfo.from_tags("a-0", "STARTED", tags, created_s=0.0, start_s=1.0)
     p = plan([spec("a")], [info], now=10_000.0)  # Allocation refuses lr 0: this raised before the fallback
-    assert p.cursor["version"] == 1 and {d.job for d in p.decisions} <= {"a"}
+    assert p.cursor["version"] == 2 and {d.job for d in p.decisions} <= {"a"}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -105,11 +105,13 @@ def test_the_policy_state_in_the_cursor_is_carried_on_even_with_partial_params()
     from ones_pipeline.scheduler.tick import _policy
 
     first = plan([spec("a"), spec("b")], [])
-    cursor = json.loads(json.dumps(first.cursor))
-    restored = _policy(cursor, SchedulerSettings(params={"generations": 5}))
-    assert restored.to_dict()["state"] == cursor["policy"]["state"] and cursor["policy"]["state"]
-    other = _policy(cursor, SchedulerSettings(params={"generations": 6}))
-    assert other.to_dict()["state"] != cursor["policy"]["state"]  # other parameters: a fresh search
+    saved = json.loads(json.dumps(first.policy_state))
+    restored = _policy(saved, SchedulerSettings(params={"generations": 5}))
+    assert restored.to_dict()["state"] == saved["state"] and saved["state"]
+    other = _policy(saved, SchedulerSettings(params={"generations": 6}))
+    assert other.to_dict()["state"] != saved["state"]  # other parameters: a fresh search
+    # The cursor stays small: no search state in it, only what the next tick needs.
+    assert "policy" not in first.cursor and len(json.dumps(first.cursor)) < 400
 
 
 def test_a_policy_batch_beyond_what_the_processes_hold_is_clamped_not_a_crash():

@@ -10,6 +10,8 @@
       failed_jobs.json    jobs the scheduler gave up on, with the reason
       spec_errors.json    job spec files skipped at the last tick, with the reason
       decisions.jsonl     one line per scheduling decision
+      policy/<ref>.json   the policy's search state (population, RNG) as of a committed tick; the sensor
+                          cursor names the current one (``policy_ref``); written by the apply run
       report/             the cluster report: jobs.csv, summary.json, jct_cdf.png, allocation.png
 """
 
@@ -79,6 +81,17 @@ class StateLayout:
         return self.root / "report"
 
     # -- the small JSON files the scheduler writes and the CLI reads ---------------------------------
+    @property
+    def policy_dir(self) -> Path:
+        """Saved policy search states, one file per state, named by the hash of its content."""
+        return self.root / "policy"
+
+    def policy_state(self, ref: str) -> Path:
+        """The file of the saved state named ``ref`` (16 hex digits)."""
+        if not ref or not all(c in "0123456789abcdef" for c in ref):
+            raise ValueError(f"bad policy state reference {ref!r}")
+        return self.policy_dir / f"{ref}.json"
+
     def read_json(self, path: Path, default: Any) -> Any:
         """``path`` parsed, or ``default`` when it is missing, empty or half-written."""
         try:

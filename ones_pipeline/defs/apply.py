@@ -5,8 +5,9 @@ sensor function for real against the real instance (even with the sensor stopped
 returned run requests. So the tick cancels nothing and writes no file itself. It returns, next to the
 training runs it requests, one run of ``ones_apply`` whose config is the rest of its plan: the runs to
 cancel (with the reason, logged on each cancelled run as "preempted by ones: ..."), the decision records
-to append to ``decisions.jsonl``, and the state files to rewrite (``failed_jobs.json``,
-``spec_errors.json``). The daemon launches it only for a committed tick; a preview launches nothing.
+to append to ``decisions.jsonl``, the state files to rewrite (``failed_jobs.json``,
+``spec_errors.json``) and the policy's search state (``policy/<ref>.json``; the cursor holds only ``ref``).
+The daemon launches it only for a committed tick; a preview launches nothing.
 Its run key is a hash of that content, so a re-evaluated tick applies nothing twice.
 
 No ``from __future__ import annotations``: Dagster resolves Config and resource annotations at runtime.
@@ -28,10 +29,15 @@ class ApplyConfig(dg.Config):
     plan: str = "{}"  # JSON: {"cancels": [...], "decisions": [...], "failed": {...}, "spec_errors": [...]}
 
 
-def apply_request(cancels: list, decisions: list, failed: dict | None,
-                  spec_errors: list | None) -> dg.RunRequest | None:
+KEEP_POLICY_STATES = 5  # saved search states kept beside the current one
+
+
+def apply_request(cancels: list, decisions: list, failed: dict | None, spec_errors: list | None,
+                  policy: dict | None = None) -> dg.RunRequest | None:
     """The run request that applies a tick's acts, or None when there is nothing to do. ``failed`` and
-    ``spec_errors``: the new content of their files, None when unchanged."""
+    ``spec_errors``: the new content of their files, None when unchanged. ``policy``: ``{"ref", "state"}``,
+    the policy's search state to save under its reference (carried only along with acts: it is not a
+    reason for a run by itself)."""
     plan: dict = {}
     if cancels:
         plan["cancels"] = cancels
@@ -43,12 +49,15 @@ def apply_request(cancels: list, decisions: list, failed: dict | None,
         plan["spec_errors"] = spec_errors
     if not plan:
         return None
-    text = json.dumps(plan, sort_keys=True)
-    # The key leaves out the clock (decision time, decide time): a tick re-evaluated after a crash, before
-    # its cursor was committed, plans the same acts and must get the same key, so they run once.
+    # The key leaves out the clock (decision time, decide time) and the search state (it depends on the
+    # search's wall-clock budget): a tick re-evaluated after a crash, before its cursor was committed,
+    # plans the same acts and must get the same key, so they run once.
     timeless = {**plan, "decisions": [{k: v for k, v in d.items() if k not in ("time_s", "decide_s")}
                                       for d in plan.get("decisions", [])]}
     key = hashlib.sha256(json.dumps(timeless, sort_keys=True).encode()).hexdigest()[:16]
+    if policy is not None:
+        plan["policy"] = policy
+    text = json.dumps(plan, sort_keys=True)
     summary = f"{len(cancels)} cancel(s), {len(decisions)} decision(s)"
     return dg.RunRequest(run_key=f"apply-{key}", job_name=APPLY_JOB_NAME,
                          run_config={"ops": {"apply_tick": {"config": {"plan": text}}}},
@@ -83,6 +92,16 @@ def apply_tick(context: dg.OpExecutionContext, config: ApplyConfig, ones_env: On
         layout.write_json(layout.failed_jobs, plan["failed"])
     if "spec_errors" in plan:
         layout.write_json(layout.spec_errors, plan["spec_errors"])
+    if "policy" in plan:
+        _save_policy_state(layout, plan["policy"]["ref"], plan["policy"]["state"])
+
+
+def _save_policy_state(layout, ref: str, state: dict) -> None:
+    """Write the search state under its reference (atomically); keep the newest few, drop older ones."""
+    layout.write_json(layout.policy_state(ref), state)
+    saved = sorted(layout.policy_dir.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in saved[KEEP_POLICY_STATES + 1:]:
+        old.unlink(missing_ok=True)
 
 
 @dg.job(name=APPLY_JOB_NAME, description="What a ONES scheduler tick decided: cancel, record (launched by "

@@ -13,7 +13,8 @@ Each tick (DESIGN.md section 6):
    writes the decision log and state files, launched by the daemon for committed ticks only;
 6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
    (``ones/cpu-<id>``) tag per slot, the ``RunAllocation`` as JSON in the run config;
-7. the policy state goes into the cursor.
+7. the cursor keeps what the next tick needs to be idempotent; the policy's search state goes to
+   ``policy/<ref>.json`` through the apply run (committed ticks only), the cursor names it (``policy_ref``).
 Every decision is logged, tagged on the run it creates, recorded as an observation of the job's
 partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl`` by the apply run.
 
@@ -120,7 +121,23 @@ def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None) -> dg
     decisions = [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)}
                  for d in plan.decisions]
     return apply_request(cancels, decisions, dict(plan.cursor["failed"]) if plan.newly_failed else None,
-                         spec_errors)
+                         spec_errors, {"ref": plan.policy_ref, "state": plan.policy_state})
+
+
+def _saved_policy_state(context, env: EnvConfig, cursor: dict) -> dict | None:
+    """The search state the committed cursor names (``policy/<ref>.json``). Missing (its apply run has not
+    run yet, or the state was never saved): None, and the search starts afresh this tick: that costs search
+    quality, never a decision already made."""
+    ref = cursor.get("policy_ref")
+    if not ref:
+        return None
+    try:
+        state = env.layout.read_json(env.layout.policy_state(ref), None)
+    except ValueError:
+        state = None
+    if state is None:
+        context.log.info(f"policy state {ref} not saved (yet); the search starts afresh this tick")
+    return state
 
 
 def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: MlflowResource,
@@ -146,7 +163,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                                cursor=context.cursor)
     inputs = TickInputs(now=now, specs=specs, finished=frozenset(finished), runs=runs,
                         progress=_progress(context, mlflow, set(specs) - finished), slot_ids=slots.slot_ids,
-                        cluster=slots.cluster(), cursor=cursor, device=slots.kind)
+                        cluster=slots.cluster(), cursor=cursor, device=slots.kind,
+                        policy_state=_saved_policy_state(context, env, cursor))
     plan = plan_tick(inputs, SchedulerSettings.from_env(env))
     _log_plan(context, plan)
     requests = _run_requests(plan)
@@ -159,6 +177,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]
         requests.append(dg.RunRequest(run_key=f"report-{done_key}", job_name=REPORT_JOB_NAME,
                                       tags={"ones/report": "true"}))
+    # The cursor names the search state the apply run saves; without an apply run, the last saved one.
+    plan.cursor["policy_ref"] = plan.policy_ref if apply is not None else cursor.get("policy_ref")
     plan.cursor["errors"] = error_keys
     plan.cursor["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
     plan.cursor["last_tick"] = {"time_s": now, "decide_s": round(plan.decide_s, 4),

@@ -168,6 +168,8 @@ class TickPlan:
     cursor: dict[str, Any] = field(default_factory=dict)
     newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason
     waiting: dict[str, str] = field(default_factory=dict)  # job without slots -> why it waits
+    policy_state: dict[str, Any] = field(default_factory=dict)  # the search state after this tick
+    policy_ref: str = ""  # its name (a hash of it): the file the apply run writes it to
     decide_s: float = 0.0  # wall time of the policy
 
 

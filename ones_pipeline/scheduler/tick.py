@@ -21,6 +21,8 @@ numbers), which is what run tags, ``CUDA_VISIBLE_DEVICES`` and Docker device req
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from ones_pipeline.scheduler.rationale import explain, waiting_reason
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
-CURSOR_VERSION = 1
+CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class TickInputs:
     slot_ids: tuple[int, ...]
     cluster: Cluster
     cursor: Mapping[str, Any] = field(default_factory=dict)
+    # The policy's saved search state (population, RNG), read from the state directory by the caller from
+    # the file the cursor's ``policy_ref`` names (``config.layout.StateLayout.policy_state``); None: none.
+    policy_state: Mapping[str, Any] | None = None
     device: str = "cpu"  # what the slots are: "gpu" or "cpu"
 
     def __post_init__(self) -> None:
@@ -92,6 +97,8 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
+    plan.policy_state = policy.to_dict()
+    plan.policy_ref = policy_ref(plan.policy_state)
     plan.cursor = _cursor(inputs, policy, state)
     return plan
 
@@ -185,11 +192,15 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0))
 
 
-def _policy(cursor: Mapping[str, Any], settings: SchedulerSettings) -> Policy:
-    """The configured policy, carrying on the search state saved in the cursor when that was made by the
-    same policy with the same (complete, defaults included) parameters and seed."""
+def policy_ref(state: Mapping[str, Any]) -> str:
+    """The name of a saved policy state: a hash of its content (the cursor holds only this)."""
+    return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _policy(saved: Mapping[str, Any] | None, settings: SchedulerSettings) -> Policy:
+    """The configured policy, carrying on a saved search state when that was made by the same policy with
+    the same (complete, defaults included) parameters and seed."""
     policy = make_policy(settings.policy, seed=settings.seed, **dict(settings.params))
-    saved = cursor.get("policy")
     mine = policy.to_dict()
     if saved and saved.get("name") == mine["name"] and saved.get("seed") == mine["seed"] \
             and dict(saved.get("params", {})) == dict(mine["params"]):
@@ -206,7 +217,8 @@ def decide(inputs: TickInputs, settings: SchedulerSettings, current: _Current, v
     change) and the policy (its state goes into the cursor)."""
     active = {v.name for v in views}
     in_force = Schedule({j: a for j, a in current.allocations.items() if j in active and j not in spec_changed})
-    policy = _policy(inputs.cursor, settings)
+    saved = inputs.policy_state if inputs.policy_state is not None else inputs.cursor.get("policy")  # pre-v2 cursors
+    policy = _policy(saved, settings)
     t0 = time.perf_counter()
     new = policy.decide(inputs.now, inputs.cluster, views, in_force) if views else Schedule({})
     plan.decide_s = time.perf_counter() - t0
@@ -311,7 +323,6 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]
     live_jobs = set(inputs.specs) | set(inputs.finished)
     return {
         "version": CURSOR_VERSION,
-        "policy": policy.to_dict(),
         "submit": {j: t for j, t in state.submit.items() if j in live_jobs},
         "spec_hash": {j: h for j, h in state.hashes.items() if j in inputs.specs},
         "failed": state.failed,
