@@ -253,3 +253,24 @@ def test_a_job_pending_forever_on_a_drained_node_fails_with_the_reason_and_is_pl
             assert all(s in other for s in new_slots), (node, new_slots)
         finally:
             sl.run_cli(["scontrol", "update", f"nodename={node}", "state=resume"], CONF)
+
+
+def test_a_slurm_job_left_by_a_killed_run_is_stopped_before_the_next_generation(tmp_path, monkeypatch):
+    """A run worker killed with -9 never runs its ``finally``: its Slurm job keeps the GPUs. The next
+    generation of the job stops it first (TERM, then cancel) instead of waiting behind it."""
+    monkeypatch.setenv("ONES_ENV", "slurm")
+    monkeypatch.setenv("ONES_PROJECT_DIR", str(tmp_path))
+    project = write_project(tmp_path, {"wide": CNN % 1}, grace=3)
+    left = subprocess.run(["sbatch", "--parsable", "--job-name=ones-wide-g0", "--nodelist=n1", "--ntasks=4",
+                           "--gpus-per-task=1", "--output=/dev/null", "--wrap=srun sleep 600"],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "SLURM_CONF": CONF}).stdout.strip()
+    deadline = time.monotonic() + 30
+    while (st := sl.job_state(left, CONF)) is not None and st.state != "RUNNING":
+        assert time.monotonic() < deadline, st
+        time.sleep(0.5)
+    result, tags, logs, _ = run_generation(project, "wide", [0, 1], 1, monkeypatch)
+    assert result.success, "\n".join(logs[-30:])
+    assert any(f"Slurm job {left} (ones-wide-g0) of an earlier generation" in m for m in logs), logs[:20]
+    assert not (st := sl.job_state(left, CONF)) or not st.active
+    assert not no_jobs_left()

@@ -33,6 +33,7 @@ from ones_pipeline.adapters.slurm import (
     SlurmUnreachable,
     cancel_job,
     job_state,
+    jobs_named,
     rendezvous_port,
     signal_job,
     submit,
@@ -211,9 +212,24 @@ def _stop(context, alloc: RunAllocation, env: EnvConfig, job_id: str) -> None:
     cancel_job(job_id, conf)
 
 
+def _cancel_leftovers(context, env: EnvConfig, alloc: RunAllocation) -> None:
+    """Slurm jobs of this job's earlier generations still in the queue (their Dagster run was killed
+    without its ``finally``, e.g. kill -9 of the run worker) hold GPUs the new generation needs: TERM them
+    (they checkpoint), then cancel them."""
+    conf = env.cluster.slurm.slurm_conf
+    prefix = f"ones-{alloc.job}-g"
+    old = [j for j in jobs_named(prefix, conf) if j["name"] != job_name(alloc.job, alloc.generation)
+           and j["name"][len(prefix):].isdigit()]
+    for j in old:
+        context.log.warning(f"Slurm job {j['job_id']} ({j['name']}) of an earlier generation is still "
+                            f"{j['state'].lower()}: stopping it before generation {alloc.generation} starts")
+        _stop(context, alloc, env, j["job_id"])
+
+
 def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, step_env: dict):
     """Run the allocation as one Slurm job; the completed Pipes invocation (its results are the step's
     materialization). Raises ``dagster.Failure`` naming the job, generation, Slurm job id and reason."""
+    _patient(context, lambda: _cancel_leftovers(context, env, alloc), "squeue")
     script, args, job_env, placement = _prepare(context, env, alloc, extras, context.run.run_id)
     step_dir, conf = script.parent, env.cluster.slurm.slurm_conf
     with dg.open_pipes_session(context=context, extras=extras,
