@@ -26,8 +26,9 @@ from ones_pipeline.adapters import slurm as sl  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[1]
-MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nmax_gpus: {gpus}\n"
-       "stopping: {{epochs: {epochs}}}\n")
+MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nrequested_gpus: {gpus}\n"
+       "max_gpus: {gpus}\nstopping: {{epochs: {epochs}}}\n")
+# Together they ask for 16 of the 8 GPUs: the long job starts on all 8, so the others need its GPUs.
 JOBS = {"long": MLP.format(gpus=8, epochs=60), "quick": MLP.format(gpus=4, epochs=6),
         "mid": MLP.format(gpus=4, epochs=20)}
 TIMEOUT_S = 600
