@@ -105,8 +105,8 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
             check_no_shared_gpu(snapshot)
             snapshots += 1
             if outage is None and len(snapshot) >= 2:  # two jobs running: take the controller away for 3 ticks
+                outage = [time.time()]  # from the stop request: ticks that start while it stops are in it
                 subprocess.run([str(ROOT / "scripts/slurm.sh"), "stop-controller"], check=True, timeout=30)
-                outage = [time.time()]
                 time.sleep(10)
                 subprocess.run([str(ROOT / "scripts/slurm.sh"), "start"], check=True, timeout=60,
                                stdout=subprocess.DEVNULL)
