@@ -150,7 +150,8 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]  # those that checkpointed
     assert all(g["status"] == "CANCELED" for g in planned), by_job
     assert not [g for gens in by_job.values() for g in gens if g["status"] == "FAILURE"], by_job
-    assert all("ones/slurm-job" in g for gens in by_job.values() for g in gens), by_job
+    # Every generation that trained ran as a Slurm job (one cancelled while starting may not have got that far).
+    assert all("ones/slurm-job" in g for gens in by_job.values() for g in gens if g["status"] == "SUCCESS"), by_job
 
     # The outage: the ticks that found slurmctld away were skipped with the reason (nothing cancelled).
     assert outage is not None, "never two Slurm jobs at once"
