@@ -27,12 +27,11 @@ from ones_pipeline.adapters import slurm as sl  # noqa: E402
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[1]
 MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nrequested_gpus: 4\n"
-       "max_gpus: {gpus}\nstopping: {{epochs: {epochs}}}\n")
-# Together they ask for 12 of the 8 GPUs (ones keeps a job on one node while the cross-node cost is only
-# its prior): when quick and mid arrive, long holds a node, they share the other; quick ends soon and mid,
-# far from done, can grow into its GPUs.
-JOBS = {"long": MLP.format(gpus=8, epochs=80), "quick": MLP.format(gpus=4, epochs=3),
-        "mid": MLP.format(gpus=4, epochs=40)}
+       "max_gpus: 4\nstopping: {{epochs: {epochs}}}\n")
+# Two long jobs fill both nodes (ones keeps a job on one node); the short one arrives once both train, so
+# ones shrinks or preempts a long one for it (it resumes from its checkpoint) and regrows it afterwards.
+JOBS = {"long-a": MLP.format(epochs=100), "long-b": MLP.format(epochs=100), "quick": MLP.format(epochs=5)}
+LONG = ("long-a", "long-b")
 TIMEOUT_S = 600
 LOCATION = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
 TICKS = """{ instigationStateOrError(instigationSelector: {repositoryName: "__repository__",
@@ -91,9 +90,10 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
 
         uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
         for name, text in JOBS.items():
-            if name != "long":  # the others once the long job trains on (at most) all 8 GPUs
-                while not (p := read_progress(uri, "ones", ["long"]).get("long")) or p.epochs_done < 4:
-                    assert time.monotonic() < deadline + TIMEOUT_S, "long made no progress"
+            if name == "quick":  # once both long jobs train
+                while len(p := read_progress(uri, "ones", list(LONG))) < 2 or min(
+                        x.epochs_done for x in p.values()) < 3:
+                    assert time.monotonic() < deadline + TIMEOUT_S, "the long jobs made no progress"
                     check_no_shared_gpu(held_gpus())
                     time.sleep(1)
             spec = project / f"{name}.yaml"
