@@ -48,7 +48,7 @@ if CONF is None:
 
 def write_project(root: Path, jobs: dict[str, str], grace: float = 15, pending_timeout: float = 60) -> Path:
     """A project on the private cluster. The decision budget (5 s) lets the search run all its 30 generations
-    however loaded the CPU: with 0.5 s a loaded machine cut it short and ones never preempted."""
+    however loaded the CPU (0.5 s on a loaded machine may cut the search short)."""
     (root / "resources").mkdir(parents=True, exist_ok=True)
     (root / "assets" / "jobs").mkdir(parents=True, exist_ok=True)
     (root / "resources" / "slurm.yaml").write_text(
