@@ -168,3 +168,15 @@ def test_a_job_that_waits_says_why_and_who_holds_the_slots():
     from ones_pipeline.scheduler.rationale import waiting_reason
 
     assert waiting_reason("x", {}, [1], "gpu").startswith("waiting: 1 slot(s) free (gpu 1)")
+
+
+def test_a_cancel_under_way_is_not_decided_again_every_tick():
+    """The apply run of the tick that cancelled a run may take a few ticks to run: meanwhile the run is
+    still in flight, and later ticks do not cancel it again nor record the same decision again."""
+    runs = [run("long", 0, [0, 1], created=900.0, batch=64)]
+    first = plan([spec("long", 2000), spec("short", 2)], runs, now=1000.0, min_hold_s=0.0)
+    assert [c.job for c in first.cancels] == ["long"] and any(d.job == "long" for d in first.decisions)
+    again = plan([spec("long", 2000), spec("short", 2)], runs, now=1010.0, cursor=first.cursor, min_hold_s=0.0)
+    assert not again.cancels and not [d for d in again.decisions if d.job == "long"]
+    later = plan([spec("long", 2000), spec("short", 2)], runs, now=1200.0, cursor=first.cursor, min_hold_s=0.0)
+    assert [c.job for c in later.cancels] == ["long"]  # still running 200 s later: the cancel is retried

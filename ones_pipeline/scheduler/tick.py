@@ -35,6 +35,7 @@ from ones_pipeline.scheduler.rationale import explain, waiting_reason
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
+CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
 
@@ -68,11 +69,12 @@ class _State:
     hashes: dict[str, str]
     failed: dict[str, str]
     launch_epochs: dict[str, float]
+    cancelling: dict[str, float] = field(default_factory=dict)  # run id -> when a committed tick cancelled it
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
         return cls(dict(cursor.get("submit", {})), dict(cursor.get("spec_hash", {})), dict(cursor.get("failed", {})),
-                   dict(cursor.get("launch_epochs", {})))
+                   dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})))
 
 
 @dataclass
@@ -103,6 +105,18 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     return plan
 
 
+def _cancel_pending(inputs: TickInputs, state: _State, run_id: str) -> bool:
+    """True when a tick cancelled ``run_id`` less than ``CANCEL_PENDING_S`` ago: its apply run is on it (the
+    step checkpoints, the run ends), so later ticks neither cancel it again nor record the decision again."""
+    return inputs.now - state.cancelling.get(run_id, -float("inf")) < CANCEL_PENDING_S
+
+
+def _add_cancel(inputs: TickInputs, state: _State, plan: TickPlan, run: RunInfo, reason: str) -> None:
+    if not _cancel_pending(inputs, state, run.run_id):
+        plan.cancels.append(Cancel(run.run_id, run.job, run.generation, reason))
+        state.cancelling[run.run_id] = inputs.now
+
+
 def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Current:
     """Each job's newest in-flight run is its allocation; older in-flight runs, runs of finished, removed or
     failed jobs, and runs on slots outside the inventory are cancelled."""
@@ -120,14 +134,14 @@ def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Curr
             continue
         newest = live[-1]
         for stale in live[:-1]:
-            plan.cancels.append(Cancel(stale.run_id, job, stale.generation, "superseded by a newer generation"))
+            _add_cancel(inputs, state, plan, stale, "superseded by a newer generation")
         if job in inputs.finished or job not in inputs.specs or job in state.failed:
             why = "finished" if job in inputs.finished else "spec removed" if job not in inputs.specs else "job failed"
-            plan.cancels.append(Cancel(newest.run_id, job, newest.generation, why))
+            _add_cancel(inputs, state, plan, newest, why)
             continue
         slots = [index_of[s] for s in newest.slot_ids if s in index_of]
         if len(slots) != len(newest.slot_ids) or not slots:
-            plan.cancels.append(Cancel(newest.run_id, job, newest.generation, "holds slots outside the inventory"))
+            _add_cancel(inputs, state, plan, newest, "holds slots outside the inventory")
             continue
         batch = max(newest.global_batch, 1)
         # The LR follows the batch by the core rule (the run's allocation was made with it).
@@ -284,6 +298,8 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
                    settings.params.get("restart_cost_s")) if views else {}
     for job in changed_jobs:
         before, after = current.allocations.get(job), new.allocations.get(job)
+        if before is not None and _cancel_pending(inputs, state, current.runs[job].run_id):
+            continue  # an earlier tick's apply run is cancelling it (and launched the next generation): not again
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
         reason = _describe(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
@@ -291,8 +307,7 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
         if why is not None and why.text():
             reason = f"{reason}: {why.text()}"
         if before is not None:
-            run = current.runs[job]
-            plan.cancels.append(Cancel(run.run_id, job, run.generation, reason))
+            _add_cancel(inputs, state, plan, current.runs[job], reason)
         batch = 0
         if after is not None:
             spec = inputs.specs[job]
@@ -327,4 +342,5 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]
         "spec_hash": {j: h for j, h in state.hashes.items() if j in inputs.specs},
         "failed": state.failed,
         "launch_epochs": {j: e for j, e in state.launch_epochs.items() if j in inputs.specs},
+        "cancelling": {r: t for r, t in state.cancelling.items() if inputs.now - t < CANCEL_PENDING_S},
     }
