@@ -26,11 +26,13 @@ from ones_pipeline.adapters import slurm as sl  # noqa: E402
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[1]
-MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nrequested_gpus: 4\n"
-       "max_gpus: 4\nstopping: {{epochs: {epochs}}}\n")
-# Two long jobs fill both nodes (ones keeps a job on one node); the short one arrives once both train, so
-# ones shrinks or preempts a long one for it (it resumes from its checkpoint) and regrows it afterwards.
-JOBS = {"long-a": MLP.format(epochs=100), "long-b": MLP.format(epochs=100), "quick": MLP.format(epochs=5)}
+MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nrequested_gpus: {gpus}\n"
+       "max_gpus: {gpus}\nstopping: {{epochs: {epochs}}}\n")
+# Two long jobs fill both nodes (ones keeps a job on one node); the short one (2 GPUs at most) arrives once
+# both train, so ones shrinks or preempts a long one for it (it resumes from its checkpoint) and regrows it
+# once the short one is done.
+JOBS = {"long-a": MLP.format(gpus=4, epochs=100), "long-b": MLP.format(gpus=4, epochs=100),
+        "quick": MLP.format(gpus=2, epochs=5)}
 LONG = ("long-a", "long-b")
 TIMEOUT_S = 600
 LOCATION = "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"
