@@ -131,10 +131,15 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     capsys.readouterr()
 
     assert main(["status", "--project", str(project)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    table, _, notes = capsys.readouterr().out.strip().partition("\n\n")
+    lines = table.splitlines()
     assert lines[0].split() == ["job", "state", "slots", "batch", "progress", "eta", "restarts"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert sorted(rows) == ["cnn-c", "mlp-a", "mlp-b"]
+    # Under the table: where the slots come from, and why each pending job waits (all slots are free).
+    assert notes.splitlines()[0].startswith("slots: ")
+    assert sorted(line.split(":")[0] for line in notes.splitlines()[1:]) == ["cnn-c", "mlp-a", "mlp-b"]
+    assert all("waiting: 2 slot(s) free (cpu 0,1)" in line for line in notes.splitlines()[1:]), notes
     for _job, cells in rows.items():
         assert cells[1:5] == ["pending", "-", "-", "0.0/2"], cells
         assert cells[-1] == "0"

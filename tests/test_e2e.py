@@ -186,5 +186,5 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
 
     # The report ran once everything ended and `ones status` shows every job finished.
     assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:]
-               if line.split()[0] in JOBS), status.stdout
+               if line.split() and line.split()[0] in JOBS), status.stdout
     assert (project / ".ones/state/decisions.jsonl").exists()

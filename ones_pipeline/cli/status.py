@@ -116,6 +116,7 @@ def cmd_status(env: EnvConfig) -> int:
         rows = job_rows(env, instance, device)
         waits = waiting_lines(rows, job_run_infos(instance), slot_ids, device)
     print(format_table(rows, STATUS_COLUMNS))
+    print()  # then the slots, nodes left out and why jobs wait
     for line in slot_lines + waits:
         print(line)
     for err in env.layout.read_json(env.layout.spec_errors, []):

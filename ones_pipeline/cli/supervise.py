@@ -1,9 +1,11 @@
 """Process supervision for ``ones up`` / ``ones run``: start the Dagster daemon (or ``dagster dev``) in its
-own process group, remember its PID in the state directory, stop it and everything under it."""
+own process group, remember its PID in the state directory, stop it and everything under it. On Linux it
+also gets SIGINT when the ``ones`` process that started it dies, however that died (kill -9 included)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -27,9 +29,24 @@ def child_env(env: EnvConfig) -> dict:
     return out
 
 
-def _reset_signals() -> None:  # in the child, before exec: a background start may have SIGINT ignored
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _child_setup(parent: int) -> None:
+    """In the child, before exec: default SIGINT/SIGTERM (a background start may have them ignored), and
+    SIGINT when ``parent`` (this ``ones`` process) dies. Dagster then stops as on Ctrl-C, its runs going
+    on until the next ``ones run`` adopts them, rather than scheduling on unsupervised, which refuses the
+    next ``ones run`` (and stopping it with the whole process group fails the runs it is executing)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGINT))
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def running_dagster(env: EnvConfig) -> int | None:
@@ -47,11 +64,33 @@ def running_dagster(env: EnvConfig) -> int | None:
         return None
 
 
-def refuse_if_running(env: EnvConfig) -> None:
+def _supervisor_gone(env: EnvConfig) -> bool:
+    """The ``ones`` process that started the recorded Dagster process (the pidfile's second PID) has died."""
+    try:
+        supervisor = int(env.layout.pidfile.read_text().split()[1])
+    except (OSError, ValueError, IndexError):  # written by an older version: unknown
+        return False
+    try:
+        import psutil
+
+        return psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
+    except ImportError:
+        return False
+    except Exception:  # no such process
+        return True
+
+
+def refuse_if_running(env: EnvConfig, stopping_wait_s: float = 30.0) -> None:
     pid = running_dagster(env)
+    if pid is not None and _supervisor_gone(env):
+        # Its `ones` died, so it got SIGINT (_child_setup) and is stopping: give it the time to.
+        deadline = time.monotonic() + stopping_wait_s
+        while (pid := running_dagster(env)) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
     if pid is not None:
         raise AlreadyRunning(f"Dagster is already running for this project (PID {pid}, {env.layout.pidfile}); "
-                             f"stop it first (Ctrl-C in its terminal, or kill -INT -{pid})")
+                             f"stop it first (Ctrl-C in its terminal, or kill -INT {pid}: its runs go on and "
+                             "the next `ones run` adopts them)")
 
 
 def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None) -> subprocess.Popen:
@@ -59,8 +98,9 @@ def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None)
     # The child keeps writing to it after this function returns: no context manager.
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     proc = subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
-                            preexec_fn=_reset_signals, stdout=out, stderr=subprocess.STDOUT if out else None)
-    env.layout.pidfile.write_text(f"{proc.pid}\n")
+                            preexec_fn=functools.partial(_child_setup, os.getpid()), stdout=out,
+                            stderr=subprocess.STDOUT if out else None)
+    env.layout.pidfile.write_text(f"{proc.pid} {os.getpid()}\n")  # Dagster's PID, then its supervisor's
     return proc
 
 

@@ -8,7 +8,11 @@ resumes).
 No ``from __future__ import annotations``: Dagster resolves Config and resource annotations at runtime.
 """
 
+import contextlib
 import json
+import os
+import signal
+import threading
 import time
 
 import dagster as dg
@@ -67,7 +71,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
     started_s = time.time()
     try:
-        results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
+        with _interrupt_when_orphaned():
+            results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)
         if stopped is not None:
@@ -80,6 +85,28 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
     yield _materialization(context, allocation, mlflow, results[0])
+
+
+@contextlib.contextmanager
+def _interrupt_when_orphaned(poll_s: float = 1.0):
+    """Interrupt the step (SIGINT to its own process: how Dagster itself terminates a step) if the process
+    that started it goes away. When a run worker is killed, Dagster marks its run failed at once but its
+    step process lives on: its training would go on outside any run, beside the generation the scheduler
+    starts next on the same checkpoint. Interrupted, the step stops its training with a checkpoint."""
+    parent = os.getppid()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(poll_s):
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    threading.Thread(target=watch, name="ones-orphan-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _checkpointed_stop(launcher: StepLauncher, allocation: RunAllocation, since_s: float) -> dict | None:

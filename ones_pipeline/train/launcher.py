@@ -9,7 +9,8 @@ SIGTERM reaches the launcher only). On SIGTERM or SIGINT it creates the stop fil
 each step boundary (a file, not a signal, so a rank still importing torch cannot be killed by it); the
 ranks agree, rank 0 checkpoints and ends the MLflow run as KILLED, and the launcher exits 0 once all
 ranks have, at most ``grace_period_s`` later (then it kills what is left and exits 1). Ranks whose
-launcher disappears (kill -9) stop the same way.
+launcher disappears (kill -9) stop the same way, and so does a launcher started by a Dagster step (under
+Pipes) whose step process disappears: its run has ended, and the scheduler starts the next generation.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
     tail = _Tail(Path(req.state_dir) / PROGRESS_FILE) if on_event is not None else None
+    parent = os.getppid()
     procs = _start_ranks(req, port, stop_file)
     deadline: list[float] = []
 
@@ -184,7 +186,9 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
             on_event(row)
 
     try:
-        return _supervise(req, procs, deadline, on_signal, relay)
+        # Under Pipes (a Dagster run id), the process that started us is the run's step.
+        return _supervise(req, procs, deadline, on_signal, relay,
+                          orphaned=lambda: req.dagster_run_id is not None and os.getppid() != parent)
     finally:
         relay()
         for sig, handler in previous.items():
@@ -193,9 +197,10 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
 
 
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
-               relay: Callable[[], None]) -> int:
-    """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others; ranks still
-    running ``grace_period_s`` after the stop request, or after rank 0 ended cleanly, are killed."""
+               relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> int:
+    """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others, and so does
+    ``orphaned()`` turning true; ranks still running ``grace_period_s`` after the stop request, or after
+    rank 0 ended cleanly, are killed."""
     lingering_since: float | None = None
     next_relay = 0.0
     while True:
@@ -218,6 +223,10 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
             log.error("job %s: a training process exited with %s; stopping the others", req.spec.name, failed[0])
+            on_signal(signal.SIGTERM, None)
+        if not deadline and orphaned():
+            log.warning("job %s: the Dagster step that started this launcher is gone: stopping with a checkpoint",
+                        req.spec.name)
             on_signal(signal.SIGTERM, None)
         if deadline and time.monotonic() > deadline[0]:
             log.error("job %s: processes still running %.0f s after the stop request: killing them",
