@@ -30,7 +30,7 @@ from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule, batch_and_
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import spec_from_json
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
-from ones_pipeline.train.slurm_ranks import RANK_FILE, STEP_DIR_ENV, env_int, rank_record
+from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, RANK_FILE, STEP_DIR_ENV, env_int, rank_record
 
 
 def build_parser(state_dir_required: bool = True) -> argparse.ArgumentParser:
@@ -216,11 +216,16 @@ def _main_slurm_task(request_file: Path, under_pipes: bool) -> int:
             return dataclasses.replace(req, ranks=(rank,), master_addr=data["master_addr"],
                                        master_port=int(data["master_port"]), in_container=True,
                                        device=data.get("device") or None,
-                                       num_nodes=int(os.environ.get("SLURM_NNODES") or 1))
+                                       num_nodes=int(os.environ.get("SLURM_NNODES") or 1),
+                                       leader_exit_file=None if rank == 0 else leader_exit)
 
-        if rank == 0 and under_pipes:
-            return _main_under_pipes(args, adjust)
-        return launch(adjust(request_from(args, data["extras"])))
+        leader_exit = Path(request_file).with_name(LEADER_EXIT_FILE)
+        if rank != 0:
+            return launch(adjust(request_from(args, data["extras"])))
+        leader_exit.unlink(missing_ok=True)
+        code = _main_under_pipes(args, adjust) if under_pipes else launch(adjust(request_from(args, data["extras"])))
+        leader_exit.write_text(str(code))  # the other ranks' tasks stop waiting on a peer stuck in teardown
+        return code
     except (LaunchError, ValueError, KeyError, OSError) as exc:
         print(f"ones train (Slurm task): {exc}", file=sys.stderr)
         return 2

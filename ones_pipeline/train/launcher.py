@@ -60,6 +60,9 @@ class LaunchRequest:
     master_port: int | None = None
     device: str | None = None
     num_nodes: int = 1
+    # A Slurm task of a rank other than 0: the file rank 0's task writes when it ends (its exit code). Once
+    # it says 0, this rank has ``grace_period_s`` to exit, as peers of rank 0 have on one machine.
+    leader_exit_file: Path | None = None
 
     @property
     def spec(self) -> JobSpec:
@@ -196,6 +199,15 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
         stop_file.unlink(missing_ok=True)
 
 
+def _leader_ended_cleanly(req: LaunchRequest) -> bool:
+    if req.leader_exit_file is None:
+        return False
+    try:
+        return req.leader_exit_file.read_text().strip() == "0"
+    except OSError:
+        return False
+
+
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
                relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> int:
     """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others, and so does
@@ -210,7 +222,8 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return 0 if all(c == 0 for c in codes) else 1
-        if codes[0] == 0 and lingering_since is None:
+        if lingering_since is None and (codes[0] == 0 and (req.ranks is None or 0 in req.ranks)
+                                        or _leader_ended_cleanly(req)):
             lingering_since = time.monotonic()
         if lingering_since is not None and time.monotonic() - lingering_since > req.grace_period_s:
             # Rank 0 ended cleanly (its checkpoint and MLflow run are final) but a peer has not

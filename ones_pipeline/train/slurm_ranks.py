@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 RANK_FILE = "rank-{rank}.json"
+LEADER_EXIT_FILE = "rank-0.exit"  # rank 0's task's exit code, for the other tasks (a peer stuck in teardown)
 STEP_DIR_ENV = "ONES_SLURM_STEP_DIR"  # the directory of the request and rank files, for rank 0's MLflow tags
 
 
