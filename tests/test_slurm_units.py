@@ -35,6 +35,7 @@ def test_rendezvous_port_differs_per_generation_and_is_stable():
     ports = {rendezvous_port("job-a", g) for g in range(50)}
     assert len(ports) >= 45 and all(20000 <= p < 40000 for p in ports)
     assert rendezvous_port("job-a", 3) == rendezvous_port("job-a", 3) != rendezvous_port("job-b", 3)
+    assert rendezvous_port("job-a", 3, "run-1") != rendezvous_port("job-a", 3, "run-2")
 
 
 def test_sbatch_args_one_shape_per_node_counts(tmp_path: Path):

@@ -179,10 +179,11 @@ class SlurmInventory:
         return out
 
 
-def rendezvous_port(job: str, generation: int, low: int = 20000, span: int = 20000) -> int:
-    """A TCP port for the ranks' rendezvous, derived from the job and generation: nodes may share an
-    address (and a free port cannot be probed on another node), so every generation gets its own."""
-    digest = hashlib.sha256(f"{job}/{generation}".encode()).digest()
+def rendezvous_port(job: str, generation: int, run_id: str = "", low: int = 20000, span: int = 20000) -> int:
+    """A TCP port for the ranks' rendezvous, derived from the job, generation and Dagster run: nodes may
+    share an address (and a free port cannot be probed on another node), so every run gets its own (two
+    runs of one generation, e.g. in two projects, must not meet each other's ranks)."""
+    digest = hashlib.sha256(f"{job}/{generation}/{run_id}".encode()).digest()
     return low + int.from_bytes(digest[:4], "big") % span
 
 

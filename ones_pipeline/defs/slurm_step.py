@@ -90,7 +90,7 @@ def _prepare(context, env: EnvConfig, alloc: RunAllocation, extras: dict,
     for old in step_dir.glob("rank-*.json"):
         old.unlink()
     request = {"extras": extras, "master_addr": placement[0][0].address,
-               "master_port": rendezvous_port(alloc.job, alloc.generation),
+               "master_port": rendezvous_port(alloc.job, alloc.generation, run_id),
                "device": "cpu" if cfg.rank_device == "cpu" or not alloc.gpus else "cuda"}
     (step_dir / "request.json").write_text(json.dumps(request, indent=1))
     script = step_dir / "job.sh"
