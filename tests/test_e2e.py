@@ -49,6 +49,29 @@ def graphql(port: int, query: str) -> dict:
     return body["data"]
 
 
+def wait_for_webserver(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
+    """Until the webserver `ones up` started answers GraphQL (fail with its log if it died)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            graphql(port, "{ version }")
+            return
+        except OSError:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"webserver not up in {timeout_s:g} s"
+            time.sleep(1)
+
+
+def stop_ones_up(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Ctrl-C for `ones up` (it drains its runs and stops Dagster), SIGKILL to its group if that hangs."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... on Asset {
   assetMaterializations(limit: 50) { partition runId metadataEntries { label
     ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } \
@@ -75,15 +98,8 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     proc = subprocess.Popen([ones, "up", "--project", str(project), "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
+        wait_for_webserver(port, proc, project / "up.log")
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                graphql(port, "{ version }")
-                break
-            except OSError:
-                assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "webserver not up in 90 s"
-                time.sleep(1)
         # Submit the jobs the way users do; the sensor picks them up.
         from ones_pipeline.adapters.mlflow import read_progress
 
@@ -118,12 +134,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
         runs = graphql(port, RUNS)["runsOrError"]["results"]
         status = subprocess.run([ones, "status", "--project", str(project)], capture_output=True, text=True, timeout=60)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_ones_up(proc)
     assert proc.returncode == 0, (project / "up.log").read_text()[-3000:]
 
     # Every job materialized once, with its metadata.

@@ -7,7 +7,6 @@ message and cancels nothing; the jobs run on, and the run workers wait for the c
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ pytest.importorskip("dagster")
 mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("torch")
 
-from test_e2e import MATERIALIZATIONS, RUNS, free_port, graphql  # noqa: E402
+from test_e2e import MATERIALIZATIONS, RUNS, free_port, graphql, stop_ones_up, wait_for_webserver  # noqa: E402
 from test_slurm import CONF, write_project  # noqa: E402  (skips the module when no cluster answers)
 
 from ones_pipeline.adapters import slurm as sl  # noqa: E402
@@ -79,15 +78,8 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     snapshots, outage = 0, None
     try:
+        wait_for_webserver(port, proc, project / "up.log")
         deadline = time.monotonic() + 90
-        while True:
-            try:
-                graphql(port, "{ version }")
-                break
-            except OSError:
-                assert proc.poll() is None, (project / "up.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "webserver not up in 90 s"
-                time.sleep(1)
         from ones_pipeline.adapters.mlflow import read_progress
 
         uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
@@ -128,12 +120,7 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
         status = subprocess.run([ones, "status", "--project", str(project), "--env", "slurm"], capture_output=True,
                                 text=True, timeout=60)
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_ones_up(proc, timeout_s=90)
         subprocess.run([str(ROOT / "scripts/slurm.sh"), "start"], timeout=60, stdout=subprocess.DEVNULL)
     assert proc.returncode == 0, (project / "up.log").read_text()[-3000:]
     assert snapshots > 10
