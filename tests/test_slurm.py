@@ -72,6 +72,13 @@ def project(tmp_path, monkeypatch):
     return write_project(tmp_path, {"wide": CNN % 4})
 
 
+@pytest.fixture
+def long_project(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONES_ENV", "slurm")
+    monkeypatch.setenv("ONES_PROJECT_DIR", str(tmp_path))
+    return write_project(tmp_path, {"wide": CNN % 6})
+
+
 def progress_rows(state_dir: Path) -> list[dict]:
     path = state_dir / "progress.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -172,15 +179,15 @@ def test_a_job_spanning_both_nodes_trains_to_completion(project, monkeypatch):
     assert not no_jobs_left()
 
 
-def test_resize_across_nodes_continues_the_sample_count_exactly(project, monkeypatch):
+def test_resize_across_nodes_continues_the_sample_count_exactly(long_project, monkeypatch):
     """1 node x 2 GPUs -> 2 nodes x 2 GPUs -> 1 node x 1 GPU: each generation is cancelled (TERM, checkpoint)
     and the next resumes from the checkpoint's sample count; one MLflow run throughout."""
-    total = 4 * 1437
+    total = 6 * 1437  # stops well before the end: a stop that lands after the last epoch finds nothing to stop
     plan = [([0, 1], 1200), ([0, 1, 4, 5], 3000), ([2], None)]
     stopped_at = []
     for generation, (slots, stop) in enumerate(plan):
         started = time.monotonic()
-        result, tags, logs, state_dir = run_generation(project, "wide", slots, generation, monkeypatch, stop)
+        result, tags, logs, state_dir = run_generation(long_project, "wide", slots, generation, monkeypatch, stop)
         rows = progress_rows(state_dir)
         gen_rows = [r for r in rows if r.get("generation") == generation]
         if stop is None:
@@ -205,7 +212,7 @@ def test_resize_across_nodes_continues_the_sample_count_exactly(project, monkeyp
     assert len(runs) == 1
     import mlflow
 
-    client = mlflow.MlflowClient(f"sqlite:///{project}/.ones/state/mlflow.db")
+    client = mlflow.MlflowClient(f"sqlite:///{long_project}/.ones/state/mlflow.db")
     samples = [m.value for m in client.get_metric_history(runs.pop(), "samples")]
     assert samples == sorted(samples) and samples[-1] == total  # never back beyond a checkpoint here
 
