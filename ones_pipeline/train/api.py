@@ -32,7 +32,7 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
 from ones_pipeline.core.types import JobSpec, StopKind, spec_from_dict, spec_to_dict
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from ones_pipeline.train.noise_probe import DEFAULT_BUDGET, NoiseScaleProbe, budget_from_env, budget_to_env
 from ones_pipeline.train.sampler import EpochOrder
 
 log = logging.getLogger("ones_pipeline.train")
@@ -111,6 +112,7 @@ class Placement:
     stop_file: Path | None = None  # the launcher's stop request (polled at every step boundary)
     launcher_pid: int | None = None  # the launcher; ranks stop when it disappears
     dagster_run_id: str | None = None  # the Dagster run this generation belongs to (tagged on the MLflow run)
+    noise_scale_budget: float = DEFAULT_BUDGET  # the GNS probe's share of the step time (ONES_GNS_BUDGET); 0: off
 
     ENV_PREFIX = "ONES_"
 
@@ -127,6 +129,7 @@ class Placement:
             "ONES_GPUS": ",".join(str(g) for g in self.gpus), "ONES_NUM_NODES": str(self.num_nodes),
             "ONES_SEED": str(self.seed), "ONES_STOP_FILE": str(self.stop_file or ""),
             "ONES_LAUNCHER_PID": str(self.launcher_pid or ""), "ONES_DAGSTER_RUN_ID": self.dagster_run_id or "",
+            **budget_to_env(self.noise_scale_budget),
         }
 
     @classmethod
@@ -148,7 +151,7 @@ class Placement:
             gpus=gpus, num_nodes=int(env.get("ONES_NUM_NODES", 1)), seed=int(env.get("ONES_SEED", 0)),
             stop_file=Path(env["ONES_STOP_FILE"]) if env.get("ONES_STOP_FILE") else None,
             launcher_pid=int(env.get("ONES_LAUNCHER_PID") or 0) or None,
-            dagster_run_id=env.get("ONES_DAGSTER_RUN_ID") or None,
+            dagster_run_id=env.get("ONES_DAGSTER_RUN_ID") or None, noise_scale_budget=budget_from_env(env),
         )
 
 
@@ -195,6 +198,7 @@ class TrainingSession:
         self._prev_handlers: dict[int, Any] = {}
         self._stop_file = placement.stop_file
         self._launcher_pid = placement.launcher_pid
+        self._gns = NoiseScaleProbe.for_placement(placement, self.dataset_size)  # gradient noise scale
 
     @classmethod
     def from_env(cls, dataset_size: int, **kw) -> TrainingSession:
@@ -251,6 +255,7 @@ class TrainingSession:
             self.progress = Progress(**ckpt["progress"])
             self.progress.restarts += 1
             restore_rng_state(ckpt["rng"])
+            self._gns.load_state_dict(ckpt.get("noise_scale"))  # absent in checkpoints from before GNS
             # Stopped after its last epoch's evaluation: nothing left to train.
             self.finished = self.progress.finished
         if self.progress.global_batch is not None and self.progress.global_batch != self.p.global_batch:
@@ -268,6 +273,7 @@ class TrainingSession:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self._model = model
+        self._gns.attach(model)
         if self.is_main and self.p.tracking_uri:
             from ones_pipeline.adapters.mlflow import JobRun
             from ones_pipeline.config import job_spec_to_yaml_dict
@@ -353,7 +359,9 @@ class TrainingSession:
         if loss is not None:
             self._last_loss = float(loss)
         ckpt_due = time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended
-        stop, ckpt_due = self._agree(self._stop_wanted(), ckpt_due)
+        local_gns = self._gns.local_statistic(self._batch_now)  # summed over ranks in the same all-reduce
+        stop, ckpt_due, summed_gns = self._agree(self._stop_wanted(), ckpt_due, totals=local_gns)
+        self._gns.observe(summed_gns, self._batch_now)
         if stop and self.epoch_ended:
             # Evaluate the finished epoch first (end_epoch), then stop: a resume must not skip it.
             self._pending_stop = True
@@ -370,13 +378,14 @@ class TrainingSession:
         # Orphaned (launcher killed): stop cleanly rather than train unsupervised.
         return self._launcher_pid is not None and os.getppid() != self._launcher_pid
 
-    def _agree(self, *flags: bool) -> tuple[bool, ...]:
-        """Every rank takes the same decisions (any rank's True wins): one all-reduce per step, so
-        collectives such as the checkpoint barrier are entered by all ranks or by none."""
-        t = torch.tensor([1.0 if f else 0.0 for f in flags])
-        if self.p.world_size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return tuple(bool(v > 0) for v in t.tolist())
+    def _agree(self, *flags: bool, totals: Sequence[float] = ()) -> tuple:
+        """One all-reduce per step: any rank's True wins (so all ranks or none enter a collective), totals sum."""
+        if self.p.world_size == 1:
+            return (*flags, list(totals))
+        t = torch.tensor([1.0 if f else 0.0 for f in flags] + list(totals), dtype=torch.float64)
+        dist.all_reduce(t)  # a sum: a flag is set when any rank's is
+        values = t.tolist()
+        return (*(v > 0 for v in values[:len(flags)]), values[len(flags):])
 
     # -- reporting ----------------------------------------------------------------------------------
     def throughput(self) -> float | None:
@@ -390,7 +399,7 @@ class TrainingSession:
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
                "global_batch": float(self.p.global_batch), "gpus": float(self.p.world_size),
                "lr": self.current_lr(), "per_gpu_batch": float(math.ceil(self.p.global_batch / self.p.world_size)),
-               "num_nodes": float(self.p.num_nodes)}
+               "num_nodes": float(self.p.num_nodes), **self._gns.metrics()}
         tp = self.throughput()
         if tp is not None:
             out["samples_per_s"] = tp
@@ -453,7 +462,7 @@ class TrainingSession:
             save_checkpoint(self.p.state_dir, {
                 "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
                 "progress": asdict(self.progress), "rng": capture_rng_state(),
-            })
+                "noise_scale": self._gns.state_dict()})
         if self.p.world_size > 1:
             dist.barrier()
         self._last_ckpt = time.monotonic()
