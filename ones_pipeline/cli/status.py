@@ -60,6 +60,18 @@ def waiting_lines(rows: list[dict], runs, slot_ids, device: str) -> list[str]:
             if row["state"] in ("pending", "paused", "retrying")]
 
 
+def batch_text(run, progress) -> str:
+    """The batch the job trains with now: its launch batch, or what the step re-tuned it to (MLflow's latest
+    ``global_batch`` of this generation) with its measured noise scale."""
+    now = progress.metrics.get("global_batch") if progress is not None and progress.generation == run.generation \
+        else None
+    if now is None or now != now or int(now) == run.global_batch:
+        return str(run.global_batch)
+    gns = progress.grad_noise_scale
+    noise = f", noise scale {gns:.0f}" if gns is not None else ""
+    return f"{int(now)} (re-tuned from {run.global_batch}{noise})"
+
+
 def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
     """One row per job in assets/jobs (and finished ones): state, slots, batch, progress, ETA, restarts."""
     from ones_pipeline.adapters.mlflow import read_progress
@@ -92,7 +104,7 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
         in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
                      "slots": f"{device} " + ",".join(map(str, latest.slot_ids)) if in_flight else "-",
-                     "batch": str(latest.global_batch) if in_flight else "-",
+                     "batch": batch_text(latest, p) if in_flight else "-",
                      "progress": _progress_text(spec, p, total), "eta": eta,
                      "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),
                      "generations": len(rs)})

@@ -28,6 +28,7 @@ class RunAllocation:
     lr: float
     generation: int
     submit_time_s: float = 0.0
+    tune_batch: bool = False  # the job re-tunes its batch in-process (``train.batch_tuning``); this is its start
     _json: str | None = field(default=None, init=False, compare=False, repr=False)  # the text it was read from
 
     def __post_init__(self) -> None:
@@ -53,11 +54,12 @@ class RunAllocation:
 
     @classmethod
     def make(cls, spec: JobSpec, slot_ids: Sequence[int], device: str, global_batch: int, generation: int,
-             submit_time_s: float = 0.0, lr: float | None = None) -> RunAllocation:
+             submit_time_s: float = 0.0, lr: float | None = None, tune_batch: bool = False) -> RunAllocation:
         """The allocation with the LR of the core rule unless ``lr`` is given."""
         batch = int(global_batch)
         return cls(spec, tuple(int(s) for s in slot_ids), device, batch,
-                   float(lr) if lr is not None else lr_for_batch(spec, batch), int(generation), float(submit_time_s))
+                   float(lr) if lr is not None else lr_for_batch(spec, batch), int(generation), float(submit_time_s),
+                   bool(tune_batch))
 
     @property
     def job(self) -> str:
@@ -74,13 +76,14 @@ class RunAllocation:
 
     def describe(self) -> str:
         what = "GPU" if self.device == "gpu" else "CPU slot"
+        tuned = " (the job re-tunes it)" if self.tune_batch else ""
         return (f"{self.job} generation {self.generation}: {self.world_size} {what}(s) {list(self.slot_ids)}, "
-                f"global batch {self.global_batch}, lr {self.lr:.4g}")
+                f"global batch {self.global_batch}{tuned}, lr {self.lr:.4g}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": spec_to_dict(self.spec), "slot_ids": list(self.slot_ids), "device": self.device,
                 "global_batch": self.global_batch, "lr": self.lr, "generation": self.generation,
-                "submit_time_s": self.submit_time_s}
+                "submit_time_s": self.submit_time_s, "tune_batch": self.tune_batch}
 
     def to_json(self) -> str:
         """The JSON text; for a record read with ``from_json``, that very text (it is not serialised again
@@ -99,7 +102,7 @@ class RunAllocation:
             raise ValueError(f"allocation: field 'spec' is not a valid job spec: {exc}") from None
         try:
             return cls(spec, tuple(data["slot_ids"]), str(data["device"]), data["global_batch"], float(data["lr"]),
-                       data["generation"], float(data.get("submit_time_s", 0.0)))
+                       data["generation"], float(data.get("submit_time_s", 0.0)), bool(data.get("tune_batch", False)))
         except TypeError as exc:
             raise ValueError(f"allocation: {exc}") from None
 

@@ -198,6 +198,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         spec=spec, status=status, submit_time_s=state.submit[job], samples_done=pr.samples_done,
         progress_samples=pr.samples_done, throughput_obs=pr.throughput_obs, loss_history=pr.loss_history,
         accuracy_history=pr.accuracy_history, initial_loss=pr.loss_history[0][1] if pr.loss_history else None,
+        grad_noise_scale=pr.grad_noise_scale,
         restarts=max(pr.restarts, len(ran) - 1, 0),
         attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
         run_time_s=sum(r.held_s(now) for r in ran),
@@ -243,8 +244,8 @@ def decide(inputs: TickInputs, settings: SchedulerSettings, current: _Current, v
 def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInfo]) -> Schedule:
     """``new`` with the young runs' jobs kept as they are, and any job whose new allocation needs their
     slots kept as it is too (transitively), so the result stays free of double-booking."""
-    held = {j for j in young if new.gpus_of(j) != current.gpus_of(j)
-            or (j in new.allocations and new.allocations[j].global_batch != current.allocations[j].global_batch)}
+    held = {j for j in young if new.gpus_of(j) != current.gpus_of(j) or _batch_change(current.allocations.get(j),
+                                                                                   new.allocations.get(j))}
     while True:
         taken = {g for j in held for g in current.gpus_of(j)}
         more = {j for j, a in new.allocations.items() if j not in held and taken.intersection(a.gpus)}
@@ -254,6 +255,13 @@ def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInf
     allocations = {j: a for j, a in new.allocations.items() if j not in held}
     allocations.update({j: current.allocations[j] for j in held if j in current.allocations})
     return Schedule(allocations)
+
+
+def _batch_change(before: Allocation | None, after: Allocation | None) -> bool:
+    """A change of batch alone that needs a new generation: not when the job re-tunes its batch itself
+    (``Allocation.batch_tuned_by_job``; the running step moves to that batch without a restart)."""
+    return (before is not None and after is not None and before.global_batch != after.global_batch
+            and not after.batch_tuned_by_job)
 
 
 def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_changed: bool) -> str:
@@ -281,8 +289,7 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
         before, after = current.allocations.get(job), new.allocations.get(job)
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
-        if job in spec_changed or before_ids != after_ids or (
-                before is not None and after is not None and before.global_batch != after.global_batch):
+        if job in spec_changed or before_ids != after_ids or _batch_change(before, after):
             out.append(job)
     return out
 
@@ -316,7 +323,8 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
                 batch = min(batch, spec.max_per_gpu_batch * len(after_ids))
             generation = max((r.generation for r in current.by_job.get(job, [])), default=-1) + 1
             allocation = RunAllocation.make(spec, after_ids, inputs.device, batch, generation, state.submit[job],
-                                            lr=after.lr if batch == after.global_batch else None)
+                                            lr=after.lr if batch == after.global_batch else None,
+                                            tune_batch=after.batch_tuned_by_job)
             plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
             pr = inputs.progress.get(job)
             state.launch_epochs[job] = (pr.samples_done / spec.dataset_size) if pr else 0.0

@@ -146,6 +146,13 @@ def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
                 f"{int(row.get('samples') or 0)} samples, accuracy {num('accuracy', '.4f')}, "
                 f"loss {num('loss', '.4f')}, {num('samples_per_s', '.1f')} samples/s, global batch "
                 f"{row.get('global_batch')} on {row.get('processes')} process(es)")
+    if row.get("event") == "batch":  # the step re-tuned its own batch (train.batch_tuning)
+        gns, gain = row.get("grad_noise_scale"), row.get("predicted_gain")
+        why = f"noise scale {gns:.0f} samples" if gns else "no noise scale measured yet"
+        gain_text = f", predicted goodput x{gain:.2f}" if gain else ""
+        return (f"{req.spec.name} generation {row.get('generation')}: global batch {row.get('from')} -> "
+                f"{row.get('to')} on {row.get('processes')} process(es) without a restart: goodput-optimal at "
+                f"{why}{gain_text}")
     return f"{req.spec.name}: {json.dumps(dict(row))}"
 
 

@@ -34,7 +34,6 @@ import signal
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,10 +42,14 @@ import torch.distributed as dist
 
 from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
-from ones_pipeline.core.types import JobSpec, StopKind, spec_from_dict, spec_to_dict
+from ones_pipeline.core.types import StopKind, lr_for_batch
+from ones_pipeline.train.batch_tuning import BatchTuner
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from ones_pipeline.train.noise_probe import DEFAULT_BUDGET, NoiseScaleProbe, budget_from_env, budget_to_env
+from ones_pipeline.train.noise_probe import NoiseScaleProbe
+from ones_pipeline.train.placement import Placement, spec_from_json, spec_to_json, system_metrics
 from ones_pipeline.train.sampler import EpochOrder
+
+__all__ = ["Placement", "Progress", "TrainingSession", "spec_from_json", "spec_to_json", "system_metrics"]
 
 log = logging.getLogger("ones_pipeline.train")
 
@@ -56,103 +59,6 @@ WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
 # Seconds a rank waits in a collective for its peers before failing (a peer was killed).
 COLLECTIVE_TIMEOUT_S = 120
-
-
-def system_metrics(gpu: bool) -> dict[str, float]:
-    """CPU and memory of this process (psutil), and GPU utilisation and memory (NVML), when present."""
-    out: dict[str, float] = {}
-    try:
-        import psutil
-
-        out["system_cpu_percent"] = float(psutil.cpu_percent(None))
-        out["system_rss_mb"] = psutil.Process().memory_info().rss / 2**20
-    except ImportError:
-        pass
-    if gpu:
-        try:
-            import pynvml  # nvidia-ml-py
-
-            pynvml.nvmlInit()
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                out[f"system_gpu_{i}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                out[f"system_gpu_{i}_memory_mb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-        except Exception:  # no NVML library or driver: CPU metrics only
-            pass
-    return out
-
-
-def spec_to_json(spec: JobSpec) -> str:
-    return json.dumps(spec_to_dict(spec))
-
-
-def spec_from_json(text: str) -> JobSpec:
-    return spec_from_dict(json.loads(text))
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What one training process is told by its launcher."""
-
-    spec: JobSpec
-    rank: int
-    world_size: int
-    global_batch: int
-    lr: float
-    generation: int
-    state_dir: Path
-    tracking_uri: str | None
-    experiment: str
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    device: str = "cpu"  # "cpu" or "cuda"
-    gpus: tuple[int, ...] = ()
-    num_nodes: int = 1
-    seed: int = 0
-    stop_file: Path | None = None  # the launcher's stop request (polled at every step boundary)
-    launcher_pid: int | None = None  # the launcher; ranks stop when it disappears
-    dagster_run_id: str | None = None  # the Dagster run this generation belongs to (tagged on the MLflow run)
-    noise_scale_budget: float = DEFAULT_BUDGET  # the GNS probe's share of the step time (ONES_GNS_BUDGET); 0: off
-
-    ENV_PREFIX = "ONES_"
-
-    def to_env(self, spec_json: str | None = None) -> dict[str, str]:
-        """The ``ONES_*`` variables; ``spec_json``: the spec already serialised (a launcher does it once for
-        all its ranks)."""
-        return {
-            "ONES_SPEC": spec_json if spec_json is not None else spec_to_json(self.spec), "ONES_RANK": str(self.rank),
-            "ONES_WORLD_SIZE": str(self.world_size), "ONES_GLOBAL_BATCH": str(self.global_batch),
-            "ONES_LR": repr(self.lr), "ONES_GENERATION": str(self.generation),
-            "ONES_STATE_DIR": str(self.state_dir), "ONES_TRACKING_URI": self.tracking_uri or "",
-            "ONES_EXPERIMENT": self.experiment, "ONES_MASTER_ADDR": self.master_addr,
-            "ONES_MASTER_PORT": str(self.master_port), "ONES_DEVICE": self.device,
-            "ONES_GPUS": ",".join(str(g) for g in self.gpus), "ONES_NUM_NODES": str(self.num_nodes),
-            "ONES_SEED": str(self.seed), "ONES_STOP_FILE": str(self.stop_file or ""),
-            "ONES_LAUNCHER_PID": str(self.launcher_pid or ""), "ONES_DAGSTER_RUN_ID": self.dagster_run_id or "",
-            **budget_to_env(self.noise_scale_budget),
-        }
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
-        env = os.environ if env is None else env
-        missing = [k for k in ("ONES_SPEC", "ONES_STATE_DIR") if not env.get(k)]
-        if missing:
-            raise RuntimeError(
-                f"training process started without {', '.join(missing)}: run it through "
-                "`python -m ones_pipeline.train` (the launcher sets the allocation)")
-        gpus = tuple(int(g) for g in env.get("ONES_GPUS", "").split(",") if g.strip())
-        return cls(
-            spec=spec_from_json(env["ONES_SPEC"]), rank=int(env.get("ONES_RANK", 0)),
-            world_size=int(env.get("ONES_WORLD_SIZE", 1)), global_batch=int(env["ONES_GLOBAL_BATCH"]),
-            lr=float(env["ONES_LR"]), generation=int(env.get("ONES_GENERATION", 0)),
-            state_dir=Path(env["ONES_STATE_DIR"]), tracking_uri=env.get("ONES_TRACKING_URI") or None,
-            experiment=env.get("ONES_EXPERIMENT", "ones"), master_addr=env.get("ONES_MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("ONES_MASTER_PORT", 29500)), device=env.get("ONES_DEVICE", "cpu"),
-            gpus=gpus, num_nodes=int(env.get("ONES_NUM_NODES", 1)), seed=int(env.get("ONES_SEED", 0)),
-            stop_file=Path(env["ONES_STOP_FILE"]) if env.get("ONES_STOP_FILE") else None,
-            launcher_pid=int(env.get("ONES_LAUNCHER_PID") or 0) or None,
-            dagster_run_id=env.get("ONES_DAGSTER_RUN_ID") or None, noise_scale_budget=budget_from_env(env),
-        )
 
 
 @dataclass
@@ -199,6 +105,8 @@ class TrainingSession:
         self._stop_file = placement.stop_file
         self._launcher_pid = placement.launcher_pid
         self._gns = NoiseScaleProbe.for_placement(placement, self.dataset_size)  # gradient noise scale
+        self.global_batch = placement.global_batch  # the step's batch now (``batch_tuning`` may change it)
+        self._tuner = BatchTuner(placement.spec, placement.world_size, placement.num_nodes, placement.tune_batch)
 
     @classmethod
     def from_env(cls, dataset_size: int, **kw) -> TrainingSession:
@@ -256,16 +164,10 @@ class TrainingSession:
             self.progress.restarts += 1
             restore_rng_state(ckpt["rng"])
             self._gns.load_state_dict(ckpt.get("noise_scale"))  # absent in checkpoints from before GNS
+            self._tuner.load_state_dict(ckpt.get("batch_tuning"))
             # Stopped after its last epoch's evaluation: nothing left to train.
             self.finished = self.progress.finished
-        if self.progress.global_batch is not None and self.progress.global_batch != self.p.global_batch:
-            # Batch changed: warm the LR up linearly over one epoch from where it was.
-            self.progress.lr_from = self.current_lr()
-            self.progress.warmup_start_samples = self.progress.samples_done
-        elif self.progress.lr_from is None:
-            self.progress.lr_from = self.p.lr
-        self.progress.lr_to = self.p.lr
-        self.progress.global_batch = self.p.global_batch
+        self._use_batch(self.p.global_batch, self.p.lr)
         self._optimizer = optimizer
         self._set_lr()
         model.to(self.device)
@@ -303,6 +205,42 @@ class TrainingSession:
         frac = min(max((pr.samples_done - pr.warmup_start_samples) / span, 0.0), 1.0)
         return float(start + (end - start) * frac)
 
+    def _use_batch(self, batch: int, lr: float) -> None:
+        """Train on with global batch ``batch`` and target LR ``lr`` (after a restart and after an in-process
+        re-tune). A larger LR is reached by a linear warm-up over one epoch from the LR before the change; a
+        smaller one applies at once (ramping down from a large-batch LR at a small batch can diverge)."""
+        pr = self.progress
+        if pr.global_batch is not None and pr.global_batch != batch:
+            pr.lr_from = min(self.current_lr(), lr)
+            pr.warmup_start_samples = pr.samples_done
+        elif pr.lr_from is None:
+            pr.lr_from = lr
+        pr.lr_to, pr.global_batch, self.global_batch = lr, batch, batch
+
+    def _retune(self) -> None:
+        """At an evaluation point: the goodput-optimal batch for this allocation (``batch_tuning``), chosen
+        by rank 0 and broadcast, so every rank switches at the same step boundary."""
+        if not self._tuner.enabled:
+            return
+        self._tuner.record(self.global_batch, self._step_times)
+        change = self._tuner.choose(self.global_batch, self._gns.smoother.noise_scale()) if self.is_main else None
+        new = change.new if change is not None else self.global_batch
+        if self.p.world_size > 1:
+            t = torch.tensor([new], dtype=torch.int64, device=self.device)
+            dist.broadcast(t, src=0)
+            new = int(t.item())
+        if new == self.global_batch:
+            return
+        self._use_batch(new, lr_for_batch(self.spec, new))
+        self._set_lr()
+        self._step_times, self._steps_since_start = [], 0  # steady state again at the new batch
+        if change is not None:  # rank 0
+            log.info("%s: %s", self.spec.name, change.text(self.p.world_size))
+            self._report({**change.to_dict(), "processes": self.p.world_size, "generation": self.p.generation,
+                          "samples": self.progress.samples_done})
+            if self._run is not None:
+                self._run.set_tags({"ones.batch": change.text(self.p.world_size)[:250]})
+
     def _set_lr(self) -> None:
         lr = self.current_lr()
         for group in self._optimizer.param_groups:
@@ -331,8 +269,8 @@ class TrainingSession:
                 pr.position = 0
             self.epoch_ended = False
             remaining = self.dataset_size - pr.position
-            self._batch_now = min(self.p.global_batch, remaining)
-            idx = self.order.batch_indices(pr.epoch, pr.position, self.p.global_batch, self.p.rank, self.p.world_size)
+            self._batch_now = min(self.global_batch, remaining)
+            idx = self.order.batch_indices(pr.epoch, pr.position, self.global_batch, self.p.rank, self.p.world_size)
             self._t_step = time.perf_counter()
             yield idx
             if self._t_step is not None:  # step_done was not called: do its bookkeeping anyway
@@ -349,7 +287,7 @@ class TrainingSession:
         pr.samples_done += self._batch_now
         pr.steps_done += 1
         self._steps_since_start += 1
-        if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.p.global_batch:
+        if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
             self._step_times.append(elapsed)
             self._step_times = self._step_times[-THROUGHPUT_WINDOW:]
         self._set_lr()
@@ -382,7 +320,8 @@ class TrainingSession:
         """One all-reduce per step: any rank's True wins (so all ranks or none enter a collective), totals sum."""
         if self.p.world_size == 1:
             return (*flags, list(totals))
-        t = torch.tensor([1.0 if f else 0.0 for f in flags] + list(totals), dtype=torch.float64)
+        # On the process's device: NCCL reduces GPU tensors only.
+        t = torch.tensor([1.0 if f else 0.0 for f in flags] + list(totals), dtype=torch.float64, device=self.device)
         dist.all_reduce(t)  # a sum: a flag is set when any rank's is
         values = t.tolist()
         return (*(v > 0 for v in values[:len(flags)]), values[len(flags):])
@@ -392,13 +331,13 @@ class TrainingSession:
         """Steady-state samples/s (median step time of the recent window), None before steady state."""
         if len(self._step_times) < 2:
             return None
-        return self.p.global_batch / float(np.median(self._step_times))
+        return self.global_batch / float(np.median(self._step_times))
 
     def metrics(self) -> dict[str, float]:
         pr = self.progress
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
-               "global_batch": float(self.p.global_batch), "gpus": float(self.p.world_size),
-               "lr": self.current_lr(), "per_gpu_batch": float(math.ceil(self.p.global_batch / self.p.world_size)),
+               "global_batch": float(self.global_batch), "gpus": float(self.p.world_size),
+               "lr": self.current_lr(), "per_gpu_batch": float(math.ceil(self.global_batch / self.p.world_size)),
                "num_nodes": float(self.p.num_nodes), **self._gns.metrics()}
         tp = self.throughput()
         if tp is not None:
@@ -426,9 +365,11 @@ class TrainingSession:
             self._report({"event": "epoch", "epoch": round(pr.samples_done / self.dataset_size, 3),
                           "samples": pr.samples_done, "accuracy": float(accuracy),
                           "loss": None if loss is None else float(loss), "train_loss": m.get("loss"),
-                          "samples_per_s": m.get("samples_per_s"), "global_batch": self.p.global_batch,
+                          "samples_per_s": m.get("samples_per_s"), "global_batch": self.global_batch,
                           "processes": self.p.world_size, "generation": self.p.generation})
         pr.finished = self.finished
+        if not self.finished and not self._pending_stop:
+            self._retune()
         self.checkpoint()
         if self.finished:
             self._finish()
@@ -462,7 +403,7 @@ class TrainingSession:
             save_checkpoint(self.p.state_dir, {
                 "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
                 "progress": asdict(self.progress), "rng": capture_rng_state(),
-                "noise_scale": self._gns.state_dict()})
+                "noise_scale": self._gns.state_dict(), "batch_tuning": self._tuner.state_dict()})
         if self.p.world_size > 1:
             dist.barrier()
         self._last_ckpt = time.monotonic()

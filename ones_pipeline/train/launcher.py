@@ -115,7 +115,8 @@ def _start_ranks(req: LaunchRequest, port: int, stop_file: Path) -> list[subproc
     for rank in req.ranks if req.ranks is not None else range(req.world_size):
         placement = Placement(
             spec=req.spec, rank=rank, world_size=req.world_size, global_batch=alloc.global_batch, lr=alloc.lr,
-            generation=alloc.generation, state_dir=Path(req.state_dir), tracking_uri=req.tracking_uri,
+            generation=alloc.generation, tune_batch=alloc.tune_batch, state_dir=Path(req.state_dir),
+            tracking_uri=req.tracking_uri,
             experiment=req.experiment, master_addr=req.master_addr or "127.0.0.1", master_port=port,
             device=req.device or ("cuda" if alloc.gpus else "cpu"), gpus=alloc.gpus, seed=req.seed,
             stop_file=stop_file, launcher_pid=os.getpid(), dagster_run_id=req.dagster_run_id,
