@@ -274,3 +274,13 @@ def test_ones_gives_the_noisier_of_two_identical_jobs_the_larger_batch():
     assert quiet.batch_tuned_by_job and noisy.batch_tuned_by_job
     per_gpu = {a.job: a.global_batch / a.num_gpus for a in (quiet, noisy)}
     assert per_gpu["noisy"] > per_gpu["quiet"], schedule.allocations
+
+
+def test_a_decision_says_when_the_job_tunes_its_batch():
+    from ones_pipeline.scheduler.runs import Decision
+
+    tuned = Decision(0.0, "a", (), (0, 1), 128, "start", None, True, 812.4)
+    assert tuned.line() == "a: - -> [0,1] batch 128 (goodput-optimal at noise scale 812; the job re-tunes it) (start)"
+    assert tuned.to_dict()["batch_tuned_by_job"] and tuned.to_dict()["grad_noise_scale"] == 812.4
+    fixed = Decision(0.0, "a", (), (0, 1), 128, "start")
+    assert fixed.line() == "a: - -> [0,1] batch 128 (start)" and "batch_tuned_by_job" not in fixed.to_dict()

@@ -148,18 +148,26 @@ class Decision:
     global_batch: int
     reason: str  # in words, with the predictions behind it (``scheduler.rationale``)
     why: Mapping[str, Any] | None = None  # those numbers: remaining_before_s, remaining_after_s, restart_cost_s, ...
+    # The job re-tunes its batch itself (``train.batch_tuning``): ``global_batch`` is the batch it starts with,
+    # the one it would pick on these slots at the noise scale it measured (``grad_noise_scale``; None: prior).
+    batch_tuned: bool = False
+    grad_noise_scale: float | None = None
 
     def line(self) -> str:
         def fmt(slots: tuple[int, ...]) -> str:
             return "[" + ",".join(map(str, slots)) + "]" if slots else "-"
 
         batch = f" batch {self.global_batch}" if self.after else ""
+        if self.after and self.batch_tuned:
+            noise = f"noise scale {self.grad_noise_scale:.0f}" if self.grad_noise_scale else "no noise scale yet"
+            batch += f" (goodput-optimal at {noise}; the job re-tunes it)"
         return f"{self.job}: {fmt(self.before)} -> {fmt(self.after)}{batch} ({self.reason})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "job": self.job, "before": list(self.before), "after": list(self.after),
                 "global_batch": self.global_batch, "reason": self.reason,
-                **({"why": dict(self.why)} if self.why else {})}
+                **({"why": dict(self.why)} if self.why else {}),
+                **({"batch_tuned_by_job": True, "grad_noise_scale": self.grad_noise_scale} if self.batch_tuned else {})}
 
 
 @dataclass

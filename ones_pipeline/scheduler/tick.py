@@ -328,8 +328,10 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
             plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
             pr = inputs.progress.get(job)
             state.launch_epochs[job] = (pr.samples_done / spec.dataset_size) if pr else 0.0
+        tuned = after is not None and after.batch_tuned_by_job
+        gns = next((v.grad_noise_scale for v in views if v.name == job), None) if tuned else None
         plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason,
-                                       why.to_dict() if why is not None else None))
+                                       why.to_dict() if why is not None else None, tuned, gns))
 
 
 def waiting_jobs(inputs: TickInputs, new: Schedule, active: Sequence[str]) -> dict[str, str]:
