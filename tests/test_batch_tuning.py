@@ -284,3 +284,24 @@ def test_a_decision_says_when_the_job_tunes_its_batch():
     assert tuned.to_dict()["batch_tuned_by_job"] and tuned.to_dict()["grad_noise_scale"] == 812.4
     fixed = Decision(0.0, "a", (), (0, 1), 128, "start")
     assert fixed.line() == "a: - -> [0,1] batch 128 (start)" and "batch_tuned_by_job" not in fixed.to_dict()
+
+
+def test_a_generation_launched_after_the_job_finished_trains_nothing_and_leaves_mlflow_alone(tmp_path):
+    """The scheduler can launch a generation before it has seen the job's end: that one trains nothing, is no
+    restart, and does not reopen the finished MLflow run (which would stay RUNNING)."""
+    mlflow = pytest.importorskip("mlflow")
+    spec, uri = _spec(dataset_size=256, stopping=StoppingRule(StopKind.EPOCHS, epochs=2)), \
+        f"sqlite:///{tmp_path / 'mlflow.db'}"
+    x, y = _linear_regression(spec.dataset_size)
+    first = Placement(spec=spec, rank=0, world_size=1, global_batch=8, lr=0.01, generation=0, state_dir=tmp_path,
+                      tracking_uri=uri, experiment="ones")
+    _run(TrainingSession(first, spec.dataset_size), x, y)
+    result = json.loads((tmp_path / "result.json").read_text())
+    late = TrainingSession(dataclasses.replace(first, generation=1), spec.dataset_size)
+    steps: list[int] = []
+    _run(late, x, y, seen=steps)
+    assert late.finished and not steps and late.progress.restarts == 0
+    assert json.loads((tmp_path / "result.json").read_text()) == result
+    (run,) = mlflow.tracking.MlflowClient(uri).search_runs(
+        [mlflow.tracking.MlflowClient(uri).get_experiment_by_name("ones").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["ones.restarts"] == "0"

@@ -150,7 +150,7 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
         "gpu_seconds": round(sum(r.held_s(now) * len(r.slot_ids) for r in runs), 1),
         "generations": len([r for r in runs if r.start_s is not None]),
         "slots": ",".join(str(s) for s in allocation.slot_ids),
-        "global_batch": allocation.global_batch,
+        "global_batch": reported.get("global_batch") or allocation.global_batch,  # the last (re-tuned) batch
         "submit_time_s": allocation.submit_time_s,
         "model": allocation.spec.model,
         "mlflow_run": mlflow.run_link(mlflow_run) if mlflow_run else "-",

@@ -197,6 +197,7 @@ def _main_under_pipes(args: argparse.Namespace, adjust: Callable[[LaunchRequest]
             pipes.report_asset_materialization(metadata={
                 "accuracy": result.get("accuracy"), "samples": result.get("samples"),
                 "epochs": result.get("epochs"), "restarts": result.get("restarts"),
+                "global_batch": result.get("global_batch"),
                 "generation": req.allocation.generation, "mlflow_run_id": result.get("mlflow_run_id") or ""})
         elif code == 0:
             pipes.log.info(f"{req.spec.name}: stopped with a checkpoint; it resumes on its next allocation")

@@ -161,7 +161,9 @@ class TrainingSession:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
             self.progress = Progress(**ckpt["progress"])
-            self.progress.restarts += 1
+            # A generation launched after the job had finished (the scheduler had not seen the end yet)
+            # trains nothing: it is not a restart.
+            self.progress.restarts += 0 if self.progress.finished else 1
             restore_rng_state(ckpt["rng"])
             self._gns.load_state_dict(ckpt.get("noise_scale"))  # absent in checkpoints from before GNS
             self._tuner.load_state_dict(ckpt.get("batch_tuning"))
@@ -176,7 +178,8 @@ class TrainingSession:
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self._model = model
         self._gns.attach(model)
-        if self.is_main and self.p.tracking_uri:
+        # A generation that finds the job finished trains nothing: its MLflow run is left as it ended.
+        if self.is_main and self.p.tracking_uri and not self.finished:
             from ones_pipeline.adapters.mlflow import JobRun
             from ones_pipeline.config import job_spec_to_yaml_dict
 
@@ -429,7 +432,7 @@ class TrainingSession:
             result = {"job": self.spec.name, "samples": self.progress.samples_done,
                       "epochs": self.progress.samples_done / self.dataset_size,
                       "accuracy": self.progress.accuracies[-1] if self.progress.accuracies else None,
-                      "restarts": self.progress.restarts,
+                      "restarts": self.progress.restarts, "global_batch": self.global_batch,
                       "mlflow_run_id": self._run.run_id if self._run is not None else None}
             tmp = self.p.state_dir / "result.json.tmp"
             tmp.write_text(json.dumps(result))
