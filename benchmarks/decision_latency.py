@@ -8,7 +8,7 @@ under 1 GiB of memory. States are random but seeded (``ones_pipeline.sim.synthet
 jobs running, most with throughput observations. Each policy decides once from scratch, then again
 from its own schedule (the steady state of a live sensor); both are timed.
 
-    python benchmarks/decision_latency.py [--repeats 3] [--policies ones,pollux]
+    python benchmarks/decision_latency.py [--repeats 3] [--policies ones,pollux] [--scales 64,4096]
 """
 
 from __future__ import annotations
@@ -61,21 +61,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--policies", default=",".join(ALL_POLICIES))
+    parser.add_argument("--scales", default=",".join(str(g) for g, _, _ in SCALES),
+                        help="GPU counts of the scales to time (of " + ", ".join(str(g) for g, _, _ in SCALES) + ")")
     args = parser.parse_args()
     policies = [p for p in args.policies.split(",") if p]
+    wanted = {int(g) for g in args.scales.split(",") if g}
+    scales = [s for s in SCALES if s[0] in wanted]
+    if not scales:
+        parser.error(f"--scales: none of {sorted(wanted)} is one of {[g for g, _, _ in SCALES]}")
     print(f"decide() latency, median of {args.repeats} (first decision / follow-up decision), milliseconds")
-    header = f"{'policy':<11}" + "".join(f"{f'{g} GPUs/{j} jobs':>26}" for g, j, _ in SCALES)
+    header = f"{'policy':<11}" + "".join(f"{f'{g} GPUs/{j} jobs':>26}" for g, j, _ in scales)
     print(header)
     print("-" * len(header))
     for name in policies:
         cells = []
-        for gpus, jobs, gpn in SCALES:
+        for gpus, jobs, gpn in scales:
             first, follow = time_policy(name, gpus, jobs, gpn, args.repeats)
             cells.append(f"{first * 1e3:>11.1f} / {follow * 1e3:>9.1f} ms")
         print(f"{name:<11}" + "".join(f"{c:>26}" for c in cells), flush=True)
     if "ones" in policies:
         print()
-        for gpus, jobs, gpn in SCALES:
+        for gpus, jobs, gpn in scales:
             print(f"ones peak traced memory at {gpus} GPUs / {jobs} jobs: "
                   f"{peak_memory_mib('ones', gpus, jobs, gpn):.1f} MiB")
         import resource

@@ -49,11 +49,63 @@ def test_a_job_that_does_not_scale_gets_few_gpus_and_one_that_scales_gets_many()
             ThroughputObs(4, 1, 32, 0.60, 0.50)]
     linear = [ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.101, 0.001)]
     jobs = [view("flat", requested=2, obs=flat), view("linear", requested=2, obs=linear)]
-    # batch_factors=(1,): with a doubled per-GPU batch the all-reduce would amortise and "flat" scale.
-    schedule = OnesPolicy(seed=1, batch_factors=(1.0,)).decide(0.0, Cluster.uniform(2, 4), jobs, Schedule())
+    # batch_factors=(1,), and the policy (not the job) picks the batch (job_batch=False): with a larger
+    # per-GPU batch the all-reduce would amortise and "flat" scale (see the test below).
+    schedule = OnesPolicy(seed=1, batch_factors=(1.0,), job_batch=False).decide(0.0, Cluster.uniform(2, 4), jobs,
+                                                                                Schedule())
     n = {name: a.num_gpus for name, a in schedule.allocations.items()}
     assert n.get("linear", 0) == 8 or n.get("linear", 0) > n.get("flat", 0)
     assert n.get("flat", 0) <= 2
+
+
+def _fitness_of_every_split(policy, cluster, jobs):
+    """The fitness of every (a, b) with a + b <= GPUs for two jobs, and the context."""
+    ctx, _ = policy._context(cluster, jobs, Schedule())
+    splits = np.array([(a, b) for a in range(cluster.num_gpus + 1) for b in range(cluster.num_gpus + 1 - a)])
+    return ctx, splits, ctx.fitness(splits)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_search_finds_the_best_split_of_two_jobs_when_they_tune_their_batch(seed):
+    # The same two jobs, tuning their own batch: a larger batch amortises "flat"'s all-reduce, so the
+    # fitness now wants ~3 GPUs for it. With GPU transfers and the marginal-gain seed the search reaches
+    # its optimum (x2 / /2 moves alone stop at (4, 4) or (2, 6), a transfer away from it).
+    flat = [ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.20, 0.10),
+            ThroughputObs(4, 1, 32, 0.60, 0.50)]
+    linear = [ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.101, 0.001)]
+    jobs = [view("flat", requested=2, obs=flat), view("linear", requested=2, obs=linear)]
+    cluster = Cluster.uniform(2, 4)
+    policy = OnesPolicy(seed=seed, transfer_p=0.5, marginal_seed=True)
+    ctx, _, fits = _fitness_of_every_split(policy, cluster, jobs)
+    schedule = policy.decide(0.0, cluster, jobs, Schedule())
+    n = np.array([[len(schedule.gpus_of(j.name)) for j in jobs]])
+    assert ctx.fitness(n)[0] <= fits.min() * (1 + 1e-12)
+    assert n[0, 1] > n[0, 0]
+
+
+def test_job_costs_add_up_to_the_fitness_when_every_job_is_scheduled():
+    rng = np.random.default_rng(4)
+    cluster, jobs, current = random_scheduler_state(rng, 12, 8, 4)
+    ctx, _ = OnesPolicy(seed=0)._context(cluster, jobs, current)
+    costs = ctx.job_costs()
+    pop = rng.integers(1, ctx.caps + 1, size=(16, len(jobs)))
+    assert np.allclose(costs[ctx.idx[None, :], pop].sum(axis=1), ctx.fitness(pop), rtol=1e-12)
+    seed = ctx.marginal_greedy()
+    assert seed.sum() <= cluster.num_gpus and (seed <= ctx.caps).all() and (seed >= 1).all()
+    assert ctx.fitness(seed[None])[0] <= ctx.fitness(ctx._one_each()[None])[0]
+
+
+def test_a_transfer_moves_one_gpu_and_keeps_the_total_and_the_caps():
+    from ones_pipeline.core.policies.ones import _transfer
+
+    rng = np.random.default_rng(0)
+    caps = np.array([4, 2, 8, 1])
+    pop = np.minimum(rng.integers(0, 5, size=(200, 4)), caps)
+    out = _transfer(pop, caps, rng, 1.0)
+    assert (out.sum(axis=1) == pop.sum(axis=1)).all() and (out >= 0).all() and (out <= caps).all()
+    moved = np.abs(out - pop).sum(axis=1)
+    assert set(moved.tolist()) <= {0, 2} and (moved == 2).mean() > 0.9
+    assert (_transfer(pop, caps, rng, 0.0) == pop).all()
 
 
 def test_batch_follows_the_lr_rule_in_the_paper_policy():
@@ -101,6 +153,8 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "batch_factors", [], "ones: batch_factors must be a non-empty list"),
     (OnesParams, "batch_factors", [1.0, 0.0], r"ones: batch_factors\[\] must be a finite number > 0.0"),
     (OnesParams, "use_efficiency", "yes", "ones: use_efficiency must be true or false"),
+    (OnesParams, "transfer_p", 1.1, "ones: transfer_p must be a finite number >= 0.0 and <= 1.0"),
+    (OnesParams, "marginal_seed", 1, "ones: marginal_seed must be true or false"),
     (OnesParams, "job_batch", 1, "ones: job_batch must be true or false"),
     (OnesParams, "shrink_cost_factor", 0.5, "ones: shrink_cost_factor must be a finite number >= 1.0"),
     (OnesParams, "recipe_first", "no", "ones: recipe_first must be true or false"),

@@ -14,7 +14,9 @@ and resizing, repair, truncation selection), but:
   ``core.throughput``);
 * the population is one ``(population, jobs)`` array of GPU counts, evaluated vectorised, warm-started
   from the previous round's population (remapped by job name), the current schedule and a greedy
-  seed; generations per round are fixed (deterministic) and optionally bounded by a wall-clock budget.
+  seed (optionally a second one, GPU-by-GPU marginal gain on the fitness, and a mutation that moves
+  single GPUs between jobs: both off by default, see ``OnesParams``); generations per round are fixed
+  (deterministic) and optionally bounded by a wall-clock budget.
 
 The parameters are ``OnesParams``, checked in one place; ``OnesPolicy(seed=..., **params)`` takes them as
 keywords.
@@ -39,6 +41,7 @@ from ones_pipeline.core.policies.base import (
     check_int,
     check_probability,
 )
+from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
 from ones_pipeline.core.policies.ones_goodput import current_goodput, scale_limits, tuned_schedule, tuned_table
 from ones_pipeline.core.types import Cluster, JobView, Schedule
 
@@ -51,7 +54,12 @@ class OnesParams(PolicyParams):
     ``population`` individuals kept between rounds; ``generations`` per decision, stopped early by
     ``time_budget_s`` when given (live sensors; the simulator leaves it off so decisions are
     reproducible); ``crossover_p`` uniform crossover; ``removal_p`` / ``resize_p`` expected job removals /
-    resizes (x2, /2; also +1, -1 with ``fine_resize``) per 4 jobs of a child; ``restart_cost_s`` charged
+    resizes (x2, /2; also +1, -1 with ``fine_resize``) per 4 jobs of a child; ``transfer_p`` the
+    probability that a child also moves one GPU from one of its jobs to another (total unchanged);
+    ``marginal_seed``: a third seed individual, GPUs handed out by marginal gain on the fitness
+    (``OnesContext.marginal_greedy``). Both find the fitness's optimum more often (docs/ones_policy.md)
+    but are off: the simulated mean JCT got worse with them (the odd counts they reach fragment the
+    nodes, which the fitness does not model). ``restart_cost_s`` charged
     to every job whose GPU count changes (x ``shrink_cost_factor`` when it shrinks: it will likely grow
     back, a second restart); larger than the 30 s a restart really costs because the fitness credits a
     change with its benefit until the horizon, though the allocation is revisited every round;
@@ -59,7 +67,7 @@ class OnesParams(PolicyParams):
     ``use_efficiency``: goodput (True) or raw throughput (False); ``gpu_time_weight`` x active jobs x
     overload (how far the active jobs' requests exceed the cluster, clipped to [0, 1]) per cluster-second
     of GPU time spent beyond the job's most GPU-efficient size (0: off); ``horizon_s`` of the fitness (see
-    ``_Ctx.fitness``); ``batch_factors``: per-GPU batch multiples tried for each count (the best goodput
+    ``OnesContext.fitness``); ``batch_factors``: per-GPU batch multiples tried for each count (the best goodput
     wins; only with ``job_batch`` False). ``job_batch``: jobs tune their own batch
     (``Allocation.batch_tuned_by_job``) and the fitness predicts the goodput of the batch each job will
     pick, at the node count of a consolidated placement (of its real placement when its count is
@@ -83,6 +91,8 @@ class OnesParams(PolicyParams):
     horizon_s: float = 1800.0
     batch_factors: tuple[float, ...] = (1.0, 2.0)
     fine_resize: bool = False
+    transfer_p: float = 0.0
+    marginal_seed: bool = False
     job_batch: bool = True
     max_scale_out: float | None = None
     recipe_first: bool = False
@@ -108,6 +118,8 @@ class OnesParams(PolicyParams):
             horizon_s=check_float(n, "horizon_s", self.horizon_s, 0.0, strict_min=True),
             batch_factors=tuple(check_float(n, "batch_factors[]", f, 0.0, strict_min=True) for f in factors),
             fine_resize=check_bool(n, "fine_resize", self.fine_resize),
+            transfer_p=check_probability(n, "transfer_p", self.transfer_p),
+            marginal_seed=check_bool(n, "marginal_seed", self.marginal_seed),
             job_batch=check_bool(n, "job_batch", self.job_batch),
             shrink_cost_factor=check_float(n, "shrink_cost_factor", self.shrink_cost_factor, 1.0),
             recipe_first=check_bool(n, "recipe_first", self.recipe_first),
@@ -215,8 +227,7 @@ class OnesPolicy(PolicyBase):
         """Evolve the population for this round's generations (or until the time budget); keep it for the
         next round and return its best individual, (J,) GPU counts."""
         c = self.config
-        pop = self._initial_population(jobs, ctx)  # (P, J)
-        pop = ctx.repair(pop, self._rng)
+        pop = self._initial_population(jobs, ctx)  # (P, J), feasible
         fit = ctx.fitness(pop)
         deadline = time.perf_counter() + c.time_budget_s if c.time_budget_s else None
         gens = 0
@@ -237,23 +248,29 @@ class OnesPolicy(PolicyBase):
         return pop[int(np.argmin(fit))]
 
     def _initial_population(self, jobs: Sequence[JobView], ctx: _Ctx) -> np.ndarray:
+        """(P, J) the previous round's individuals, the current schedule, the greedy seed(s) and mutated
+        copies of them, repaired; the marginal-gain seed (``marginal_seed``) is kept as built (feasible,
+        and the repair's padding would grow jobs it left small on purpose)."""
         P, J = self.config.population, len(jobs)
         pop = np.zeros((P, J), dtype=np.int64)
         rows = 0
         if self.population:
             width = len(next(iter(self.population.values())))
             prev = np.array([self.population.get(j.name, [0] * width) for j in jobs]).T  # (P', J)
-            take = min(P - 2, prev.shape[0])
+            take = min(max(P - 3 if self.config.marginal_seed else P - 2, 0), prev.shape[0])
             pop[:take] = prev[:take]
             rows = take
-        pop[rows] = ctx.cur
-        pop[rows + 1] = ctx.greedy()
-        rows += 2
+        seeds = [ctx.cur, ctx.greedy()] + ([ctx.marginal_greedy()] if self.config.marginal_seed else [])
+        seeds = seeds[:P - rows]
+        pop[rows:rows + len(seeds)] = seeds
+        as_built = np.zeros(P, dtype=bool)
+        as_built[rows + 2:rows + len(seeds)] = True
+        rows += len(seeds)
         # Fill the rest with mutated copies of the seeds.
         if rows < P:
             src = pop[self._rng.integers(0, rows, size=P - rows)]
             pop[rows:] = self._mutate(src, ctx, jobs)
-        return pop
+        return np.where(as_built[:, None], pop, ctx.repair(pop, self._rng))
 
     def _breed(self, pop: np.ndarray, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
         P, J = pop.shape
@@ -275,180 +292,28 @@ class OnesPolicy(PolicyBase):
         move = rng.integers(0, 4 if c.fine_resize else 2, size=out.shape)
         resized = np.select([move == 0, move == 1, move == 2], [np.maximum(out * 2, 1), out // 2, out + 1],
                             np.maximum(out - 1, 0))
-        out = np.where(resize, resized, out)
-        return np.minimum(out, ctx.caps[None, :])
+        out = np.minimum(np.where(resize, resized, out), ctx.caps[None, :])
+        return _transfer(out, ctx.caps, rng, c.transfer_p)
 
 
-class _Ctx:
-    """Arrays of one decision: caps, goodput table, remaining work; repair and fitness operators."""
-
-    def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
-                 change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
-                 gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
-                 shrink_cost_factor: float = 1.0):
-        self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
-        self.shrink_cost_factor = shrink_cost_factor
-        # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
-        self.cur_rate = cur_rate
-        self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
-        self.change_cost, self.submit = change_cost, submit
-        J = len(caps)
-        self.idx = np.arange(J)
-        # Time alone at 1 GPU: serves as "shortest remaining first" order for queued jobs.
-        self.t1 = remaining / np.maximum(table[:, 1], 1e-12)
-        self.srt_order = np.lexsort((submit, self.t1))
-        # Best count per job: the one minimising solo run time... weighted by GPUs (cheap, efficient).
-        n = np.arange(table.shape[1])
-        with np.errstate(divide="ignore"):
-            run = np.where(n[None, :] > 0, remaining[:, None] / np.maximum(table, 1e-12), np.inf)
-        run[n[None, :] > caps[:, None]] = np.inf
-        self.run_time = run  # (J, N+1)
-        # A queued job is assumed to start on its requested GPUs (capped) once that many are free.
-        self.need = np.clip(requested, 1, caps)
-        self.t_need = run[self.idx, self.need]
-        self.ref_rate = np.maximum(table[self.idx, self.need], 1e-12)
-        counts = np.arange(1, table.shape[1])
-        self.best_rate_per_gpu = np.maximum((table[:, 1:] / counts[None, :]).max(axis=1), 1e-12)
-
-    def solo_time(self, counts: np.ndarray) -> np.ndarray:
-        return self.run_time[self.idx, counts]
-
-    def greedy(self) -> np.ndarray:
-        """A seed individual: queued and running jobs get 1 GPU shortest-first, then marginal-gain growth."""
-        J = len(self.caps)
-        counts = np.zeros(J, dtype=np.int64)
-        free = self.G
-        for j in self.srt_order:
-            if free == 0:
-                break
-            counts[j] = 1
-            free -= 1
-        # Grow by doubling where the run time drops the most per added GPU.
-        while free > 0:
-            nxt = np.minimum(np.maximum(counts * 2, 1), self.caps)
-            add = nxt - counts
-            ok = (counts > 0) & (add > 0) & (add <= free)
-            if not ok.any():
-                break
-            gain = (self.solo_time(counts) - self.solo_time(nxt)) / np.maximum(add, 1)
-            gain[~ok] = -np.inf
-            j = int(np.argmax(gain))
-            if gain[j] <= 0:
-                break
-            free -= int(add[j])
-            counts[j] = nxt[j]
-        return counts
-
-    def repair(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Make every individual feasible (sum <= G, 0 <= n <= cap), then pad the free GPUs.
-
-        Vectorised over the population. Over-full individuals keep jobs shortest-remaining first
-        while they fit (the one that overflows shrinks); padding gives queued jobs GPUs
-        shortest-remaining first (1 each, or their request), then lets scheduled jobs double while
-        that shortens them and GPUs remain.
-        """
-        order = self.srt_order
-        caps_o = self.caps[order][None, :]
-        x = np.clip(pop[:, order], 0, caps_o)  # (P, J) in shortest-first order
-        cum = np.cumsum(x, axis=1)
-        x = np.clip(self.G - (cum - x), 0, x)
-        free = self.G - x.sum(axis=1)  # (P,)
-        waiting = x == 0
-        # Half the individuals give queued jobs 1 GPU each (sharing); the other half their requested
-        # count, shortest first, while it fits (run-to-completion). Both shapes stay reachable.
-        share = rng.random(x.shape[0]) < 0.5
-        want = np.where(share[:, None], 1, self.need[order][None, :]) * waiting
-        give = waiting & (np.cumsum(want, axis=1) <= free[:, None])
-        x = x + np.where(give, want, 0)
-        free = free - np.where(give, want, 0).sum(axis=1)
-        run_o = self.run_time[order]  # (J, N+1)
-        jo = np.arange(len(order))[None, :]
-        for _ in range(2):
-            if not (free > 0).any():
-                break
-            nxt = np.minimum(caps_o, 2 * x)
-            better = (x > 0) & (nxt > x) & (run_o[jo, nxt] < run_o[jo, x])
-            add = np.where(better, nxt - x, 0)
-            accept = better & (np.cumsum(add, axis=1) <= free[:, None])
-            x = x + np.where(accept, add, 0)
-            free = free - np.where(accept, add, 0).sum(axis=1)
-        out = np.empty_like(x)
-        out[:, order] = x
-        return out
-
-    def fitness(self, pop: np.ndarray) -> np.ndarray:
-        """(P,) predicted sum of completion times (s from now) of all jobs; lower is better.
-
-        A job that finishes within the horizon ``H`` counts its predicted finish time. A job still
-        running at ``H`` counts ``H`` plus its leftover work at its reference goodput (on its requested
-        GPUs): this round's choice only decides how much progress it makes before ``H``, because its
-        allocation will be revisited long before it finishes. Without the horizon, shrinking a long job
-        would be charged as if it stayed small until the end, and long jobs would hog the cluster.
-        """
-        P, J = pop.shape
-        H = self.horizon_s
-        on = pop > 0
-        cost = np.where((pop != self.cur[None, :]) & on, self.change_cost[None, :], 0.0)
-        # A running job shrunk now will most likely grow back later: a second restart.
-        cost = np.where(on & (pop < self.cur[None, :]), cost * self.shrink_cost_factor, cost)
-        run = self.run_time[self.idx[None, :], pop]  # (P, J); inf where n = 0
-        rate = self.table[self.idx[None, :], np.where(on, pop, self.need[None, :])]  # goodput while running
-        if self.cur_rate is not None:
-            kept = on & (pop == self.cur[None, :]) & (self.cur_rate[None, :] > 0)
-            rate = np.where(kept, self.cur_rate[None, :], rate)
-            run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
-        finish = np.where(on, cost + run, np.inf)
-        start = np.where(on, cost, self._queue_start(pop, finish) + self.change_cost[None, :])
-        n_eff = np.where(on, pop, self.need[None, :])
-        done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
-        left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
-        late = H + np.maximum(left, 0.0) / self.ref_rate[None, :]
-        completion = np.where(done_by <= H, done_by, late)
-        total = completion.sum(axis=1)
-        if self.gpu_time_weight > 0:
-            # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond
-            # what the same progress costs at the job's most GPU-efficient size delay queued and
-            # future jobs.
-            busy = np.clip(np.minimum(done_by, H) - start, 0.0, None)
-            progress = rate * busy
-            used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
-            ref = progress / self.best_rate_per_gpu[None, :]
-            total = total + self.gpu_time_weight * np.maximum(used - ref, 0.0).sum(axis=1) / self.G
-        return total
-
-    def _queue_start(self, pop: np.ndarray, finish: np.ndarray) -> np.ndarray:
-        """(P, J) predicted start time of each queued job (undefined where the job is scheduled).
-
-        Queued jobs (shortest first) each wait until enough GPUs have been freed by finishing jobs for
-        its requested count. Past the point where every scheduled job has finished, queued jobs share
-        the cluster in series (their GPU-time divided by the cluster).
-        """
-        P, J = pop.shape
-        order = self.srt_order
-        waiting = (pop == 0)[:, order]  # (P, J) shortest first
-        out = np.zeros((P, J))
-        if not waiting.any():
-            return out
-        fo = np.argsort(finish, axis=1)  # scheduled jobs by finish time; queued (inf) last
-        f_sorted = np.take_along_axis(finish, fo, axis=1)
-        g_sorted = np.take_along_axis(pop, fo, axis=1)
-        free0 = self.G - pop.sum(axis=1)
-        freed = np.concatenate([free0[:, None], free0[:, None] + np.cumsum(g_sorted, axis=1)], axis=1)  # (P, J+1)
-        times = np.concatenate([np.zeros((P, 1)), f_sorted], axis=1)  # (P, J+1)
-        need = self.need[order][None, :]
-        demand = np.cumsum(np.where(waiting, need, 0), axis=1)  # GPUs the first k queued jobs hold
-        # Row-wise searchsorted by offsetting rows into one sorted array.
-        span = float(2 * self.G + int(self.need.sum()) + 2)
-        offs = np.arange(P)[:, None] * span
-        k = np.searchsorted((freed + offs).ravel(), (demand + offs).ravel(), side="left").reshape(P, J)
-        k -= np.arange(P)[:, None] * (J + 1)
-        over = k > J
-        start = np.take_along_axis(times, np.minimum(k, J), axis=1)
-        if over.any():
-            t_run = self.t_need[order][None, :]
-            last = np.max(np.where(np.isfinite(times), times, 0.0), axis=1)[:, None]
-            chain = np.cumsum(np.where(waiting & over, need * t_run, 0.0), axis=1) / max(self.G, 1)
-            start = np.where(over, last + chain, start)
-        start = np.where(np.isfinite(start), start, 0.0)
-        out[:, order] = start
-        return out
+def _transfer(pop: np.ndarray, caps: np.ndarray, rng: np.random.Generator, p: float) -> np.ndarray:
+    """``pop`` where each row, with probability ``p``, moves one GPU from a random scheduled job to a
+    random other job below its cap: the fine step between allocations of the same total that the x2 / /2
+    resizes (and the repair's padding) cannot make."""
+    P, J = pop.shape
+    if p <= 0 or J < 2:  # no draw at all: transfer_p 0 leaves the generator's stream as it was
+        return pop
+    rows = np.flatnonzero(rng.random(P) < p)
+    if not rows.size:
+        return pop
+    sub = pop[rows]
+    r = np.arange(len(rows))
+    donor = np.argmax(np.where(sub > 0, rng.random(sub.shape), -1.0), axis=1)
+    room = sub < caps[None, :]
+    room[r, donor] = False
+    recv = np.argmax(np.where(room, rng.random(sub.shape), -1.0), axis=1)
+    ok = (sub[r, donor] > 0) & room[r, recv]
+    out = pop.copy()
+    out[rows[ok], donor[ok]] -= 1
+    out[rows[ok], recv[ok]] += 1
+    return out

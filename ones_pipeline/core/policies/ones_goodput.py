@@ -66,6 +66,7 @@ def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, 
     if m.any():
         rj = rows[m]
         uniq, inv = np.unique(rj, return_inverse=True)
+        gp.fit_many(tuple(jobs[j].throughput_obs) for j in uniq)  # all new fits in one batch
         params = np.stack([gp.fitted(tuple(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
         gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
         lim = np.array([gp.batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)

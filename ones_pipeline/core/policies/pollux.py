@@ -86,6 +86,7 @@ def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, fair_repli
         kk = np.array(rows_k)
         rr = np.array(rows_r)
         lim = np.array([gp.batch_limits(v.spec) for v in views])  # (J, 4)
+        gp.fit_many(tuple(v.throughput_obs) for v in views)  # all new fits in one batch
         params = np.stack([gp.fitted(tuple(v.throughput_obs)) if v.throughput_obs else np.zeros(gp.N_PERF)
                            for v in views])
         gns = np.array([v.grad_noise_scale or 0.0 for v in views])

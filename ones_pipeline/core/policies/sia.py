@@ -374,6 +374,7 @@ def normalised_goodput(views: Sequence[JobView], cfg_nodes: np.ndarray, widths: 
         jj, kk = np.nonzero(valid[idx])
         jj = idx[jj]
         lim = np.array([gp.batch_limits(views[j].spec) for j in modelled])  # (M, 4)
+        gp.fit_many(tuple(views[j].throughput_obs) for j in modelled)  # all new fits in one batch
         params = np.stack([gp.fitted(tuple(views[j].throughput_obs)) for j in modelled])
         gns = np.array([float(views[j].grad_noise_scale) for j in modelled])
         pos = np.full(J, -1, dtype=np.int64)

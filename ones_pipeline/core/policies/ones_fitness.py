@@ -1,0 +1,245 @@
+"""The arrays and operators of one ``ones`` decision (``OnesContext``): caps, the goodput table, remaining
+work; the fitness (predicted sum of completion times), the repair of infeasible individuals and the
+seed individuals of the search (``ones.py`` evolves them).
+
+Scheduled jobs' terms of the fitness are separable: a job's predicted completion (and its GPU-time
+opportunity cost) depends only on its own count. ``marginal_greedy`` uses that to build a seed the
+x2 / /2 mutations cannot reach from a poor start: GPUs handed out one step at a time to the job whose
+term falls the most per added GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class OnesContext:
+    """Arrays of one decision: caps, goodput table, remaining work; repair and fitness operators."""
+
+    def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
+                 change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
+                 gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
+                 shrink_cost_factor: float = 1.0):
+        self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
+        self.shrink_cost_factor = shrink_cost_factor
+        # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
+        self.cur_rate = cur_rate
+        self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
+        self.change_cost, self.submit = change_cost, submit
+        J = len(caps)
+        self.idx = np.arange(J)
+        # Time alone at 1 GPU: serves as "shortest remaining first" order for queued jobs.
+        self.t1 = remaining / np.maximum(table[:, 1], 1e-12)
+        self.srt_order = np.lexsort((submit, self.t1))
+        # Best count per job: the one minimising solo run time... weighted by GPUs (cheap, efficient).
+        n = np.arange(table.shape[1])
+        with np.errstate(divide="ignore"):
+            run = np.where(n[None, :] > 0, remaining[:, None] / np.maximum(table, 1e-12), np.inf)
+        run[n[None, :] > caps[:, None]] = np.inf
+        self.run_time = run  # (J, N+1)
+        # A queued job is assumed to start on its requested GPUs (capped) once that many are free.
+        self.need = np.clip(requested, 1, caps)
+        self.t_need = run[self.idx, self.need]
+        self.ref_rate = np.maximum(table[self.idx, self.need], 1e-12)
+        counts = np.arange(1, table.shape[1])
+        self.best_rate_per_gpu = np.maximum((table[:, 1:] / counts[None, :]).max(axis=1), 1e-12)
+
+    def solo_time(self, counts: np.ndarray) -> np.ndarray:
+        return self.run_time[self.idx, counts]
+
+    def _one_each(self) -> np.ndarray:
+        """(J,) 1 GPU per job, shortest-remaining first, while GPUs last."""
+        counts = np.zeros(len(self.caps), dtype=np.int64)
+        counts[self.srt_order[:self.G]] = 1
+        return counts
+
+    def greedy(self) -> np.ndarray:
+        """A seed individual: queued and running jobs get 1 GPU shortest-first, then jobs double where their
+        solo run time drops the most per added GPU."""
+        counts = self._one_each()
+        free = self.G - int(counts.sum())
+        while free > 0:
+            nxt = np.minimum(np.maximum(counts * 2, 1), self.caps)
+            add = nxt - counts
+            ok = (counts > 0) & (add > 0) & (add <= free)
+            if not ok.any():
+                break
+            gain = (self.solo_time(counts) - self.solo_time(nxt)) / np.maximum(add, 1)
+            gain[~ok] = -np.inf
+            j = int(np.argmax(gain))
+            if gain[j] <= 0:
+                break
+            free -= int(add[j])
+            counts[j] = nxt[j]
+        return counts
+
+    def job_costs(self) -> np.ndarray:
+        """(J, N + 1) each job's term of the fitness when it is scheduled on n GPUs (its predicted
+        completion plus its share of the GPU-time cost; inf at n = 0 and above its cap). Scheduled jobs'
+        terms do not depend on one another, so an individual with every job scheduled has fitness
+        ``job_costs()[idx, counts].sum()``."""
+        N = self.table.shape[1] - 1
+        pop = np.repeat(np.arange(1, N + 1)[:, None], len(self.caps), axis=1)  # (N, J): all jobs at n
+        completion, excess = self._job_terms(pop)
+        cost = completion + self.gpu_time_weight * excess / self.G
+        out = np.full((len(self.caps), N + 1), np.inf)
+        out[:, 1:] = np.where(pop <= self.caps[None, :], cost, np.inf).T
+        return out
+
+    def marginal_greedy(self) -> np.ndarray:
+        """A seed individual: 1 GPU per job shortest-remaining first, then the free GPUs go, one step at a
+        time, to the job whose fitness term (``job_costs``) falls the most per added GPU, while a step
+        lowers it. A step may add several GPUs at once, so a gain beyond a bump (the count a job holds
+        now, which saves its restart; a node boundary) is found; only the steps that still fit are
+        considered."""
+        J = len(self.caps)
+        counts = self._one_each()
+        free = self.G - int(counts.sum())
+        if free <= 0:
+            return counts
+        cost = self.job_costs()
+        n = np.arange(cost.shape[1])[None, :]
+        gain = np.full(J, -np.inf)  # best fitness drop per added GPU of each job's best step
+        to = counts.copy()  # the count that step leads to
+
+        def best_steps(rows: np.ndarray) -> None:
+            c = counts[rows][:, None]
+            ok = (c > 0) & (n > c) & (n <= np.minimum(self.caps[rows][:, None], c + free))
+            with np.errstate(invalid="ignore"):
+                per = (cost[rows, counts[rows]][:, None] - cost[rows]) / np.maximum(n - c, 1)
+            per = np.where(ok, per, -np.inf)
+            to[rows] = np.argmax(per, axis=1)
+            gain[rows] = per[np.arange(len(rows)), to[rows]]
+
+        best_steps(np.arange(J))
+        while free > 0:
+            j = int(np.argmax(gain))
+            if not gain[j] > 0:
+                break
+            free -= int(to[j] - counts[j])
+            counts[j] = to[j]
+            # Recompute the grown job and every job whose best step no longer fits (the others' best
+            # steps are unchanged: the steps that still fit include them).
+            best_steps(np.flatnonzero((self.idx == j) | ((gain > -np.inf) & (to - counts > free))))
+        return counts
+
+    def repair(self, pop: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Make every individual feasible (sum <= G, 0 <= n <= cap), then pad the free GPUs.
+
+        Vectorised over the population. Over-full individuals keep jobs shortest-remaining first
+        while they fit (the one that overflows shrinks); padding gives queued jobs GPUs
+        shortest-remaining first (1 each, or their request), then lets scheduled jobs double while
+        that shortens them and GPUs remain.
+        """
+        order = self.srt_order
+        caps_o = self.caps[order][None, :]
+        x = np.clip(pop[:, order], 0, caps_o)  # (P, J) in shortest-first order
+        cum = np.cumsum(x, axis=1)
+        x = np.clip(self.G - (cum - x), 0, x)
+        free = self.G - x.sum(axis=1)  # (P,)
+        waiting = x == 0
+        # Half the individuals give queued jobs 1 GPU each (sharing); the other half their requested
+        # count, shortest first, while it fits (run-to-completion). Both shapes stay reachable.
+        share = rng.random(x.shape[0]) < 0.5
+        want = np.where(share[:, None], 1, self.need[order][None, :]) * waiting
+        give = waiting & (np.cumsum(want, axis=1) <= free[:, None])
+        x = x + np.where(give, want, 0)
+        free = free - np.where(give, want, 0).sum(axis=1)
+        run_o = self.run_time[order]  # (J, N+1)
+        jo = np.arange(len(order))[None, :]
+        for _ in range(2):
+            if not (free > 0).any():
+                break
+            nxt = np.minimum(caps_o, 2 * x)
+            better = (x > 0) & (nxt > x) & (run_o[jo, nxt] < run_o[jo, x])
+            add = np.where(better, nxt - x, 0)
+            accept = better & (np.cumsum(add, axis=1) <= free[:, None])
+            x = x + np.where(accept, add, 0)
+            free = free - np.where(accept, add, 0).sum(axis=1)
+        out = np.empty_like(x)
+        out[:, order] = x
+        return out
+
+    def fitness(self, pop: np.ndarray) -> np.ndarray:
+        """(P,) predicted sum of completion times (s from now) of all jobs; lower is better.
+
+        A job that finishes within the horizon ``H`` counts its predicted finish time. A job still
+        running at ``H`` counts ``H`` plus its leftover work at its reference goodput (on its requested
+        GPUs): this round's choice only decides how much progress it makes before ``H``, because its
+        allocation will be revisited long before it finishes. Without the horizon, shrinking a long job
+        would be charged as if it stayed small until the end, and long jobs would hog the cluster.
+        """
+        completion, excess = self._job_terms(pop)
+        total = completion.sum(axis=1)
+        if self.gpu_time_weight > 0:
+            total = total + self.gpu_time_weight * excess.sum(axis=1) / self.G
+        return total
+
+    def _job_terms(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, J) each job's predicted completion (s from now) and GPU-seconds spent beyond its most
+        GPU-efficient size (``fitness``); the second is 0 with ``gpu_time_weight`` 0."""
+        P, J = pop.shape
+        H = self.horizon_s
+        on = pop > 0
+        cost = np.where((pop != self.cur[None, :]) & on, self.change_cost[None, :], 0.0)
+        # A running job shrunk now will most likely grow back later: a second restart.
+        cost = np.where(on & (pop < self.cur[None, :]), cost * self.shrink_cost_factor, cost)
+        run = self.run_time[self.idx[None, :], pop]  # (P, J); inf where n = 0
+        rate = self.table[self.idx[None, :], np.where(on, pop, self.need[None, :])]  # goodput while running
+        if self.cur_rate is not None:
+            kept = on & (pop == self.cur[None, :]) & (self.cur_rate[None, :] > 0)
+            rate = np.where(kept, self.cur_rate[None, :], rate)
+            run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
+        finish = np.where(on, cost + run, np.inf)
+        start = np.where(on, cost, self._queue_start(pop, finish) + self.change_cost[None, :])
+        n_eff = np.where(on, pop, self.need[None, :])
+        done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
+        left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
+        late = H + np.maximum(left, 0.0) / self.ref_rate[None, :]
+        completion = np.where(done_by <= H, done_by, late)
+        if self.gpu_time_weight <= 0:
+            return completion, np.zeros_like(completion)
+        # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond what the
+        # same progress costs at the job's most GPU-efficient size delay queued and future jobs.
+        busy = np.clip(np.minimum(done_by, H) - start, 0.0, None)
+        progress = rate * busy
+        used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
+        ref = progress / self.best_rate_per_gpu[None, :]
+        return completion, np.maximum(used - ref, 0.0)
+
+    def _queue_start(self, pop: np.ndarray, finish: np.ndarray) -> np.ndarray:
+        """(P, J) predicted start time of each queued job (undefined where the job is scheduled).
+
+        Queued jobs (shortest first) each wait until enough GPUs have been freed by finishing jobs for
+        its requested count. Past the point where every scheduled job has finished, queued jobs share
+        the cluster in series (their GPU-time divided by the cluster).
+        """
+        P, J = pop.shape
+        order = self.srt_order
+        waiting = (pop == 0)[:, order]  # (P, J) shortest first
+        out = np.zeros((P, J))
+        if not waiting.any():
+            return out
+        fo = np.argsort(finish, axis=1)  # scheduled jobs by finish time; queued (inf) last
+        f_sorted = np.take_along_axis(finish, fo, axis=1)
+        g_sorted = np.take_along_axis(pop, fo, axis=1)
+        free0 = self.G - pop.sum(axis=1)
+        freed = np.concatenate([free0[:, None], free0[:, None] + np.cumsum(g_sorted, axis=1)], axis=1)  # (P, J+1)
+        times = np.concatenate([np.zeros((P, 1)), f_sorted], axis=1)  # (P, J+1)
+        need = self.need[order][None, :]
+        demand = np.cumsum(np.where(waiting, need, 0), axis=1)  # GPUs the first k queued jobs hold
+        # Row-wise searchsorted by offsetting rows into one sorted array.
+        span = float(2 * self.G + int(self.need.sum()) + 2)
+        offs = np.arange(P)[:, None] * span
+        k = np.searchsorted((freed + offs).ravel(), (demand + offs).ravel(), side="left").reshape(P, J)
+        k -= np.arange(P)[:, None] * (J + 1)
+        over = k > J
+        start = np.take_along_axis(times, np.minimum(k, J), axis=1)
+        if over.any():
+            t_run = self.t_need[order][None, :]
+            last = np.max(np.where(np.isfinite(times), times, 0.0), axis=1)[:, None]
+            chain = np.cumsum(np.where(waiting & over, need * t_run, 0.0), axis=1) / max(self.G, 1)
+            start = np.where(over, last + chain, start)
+        start = np.where(np.isfinite(start), start, 0.0)
+        out[:, order] = start
+        return out
