@@ -243,7 +243,7 @@ def test_tick_then_materialize_a_partition_in_process_with_the_in_memory_launche
     assert done.success
     meta = instance.get_latest_materialization_event(dg.AssetKey("training_job")).asset_materialization.metadata
     assert meta["global_batch"].value == alloc.global_batch
-    assert meta["slots"].value == ",".join(map(str, alloc.slot_ids))
+    assert meta["slots"].value == "cpu " + ",".join(map(str, alloc.slot_ids))
     assert meta["accuracy"].value == 0.9 and meta["model"].value == alloc.spec.model
     assert (project / ".ones/state/jobs" / rr.partition_key).is_dir()  # the launcher's state directory
     assert rr.partition_key in instance.get_materialized_partitions(dg.AssetKey("training_job"))

@@ -142,7 +142,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
                              for e in m["metadataEntries"]}
             for m in mats}
     for job in JOBS:
-        assert meta[job]["accuracy"] > 0.5 and meta[job]["jct_s"] > 0 and meta[job]["gpu_seconds"] > 0
+        assert meta[job]["accuracy"] > 0.5 and meta[job]["jct_s"] > 0 and meta[job]["slot_hours"] > 0
 
     entries = {e["label"]: e for e in report[0]["metadataEntries"]}
     assert (entries["jobs"].get("intValue", entries["jobs"].get("floatValue")) == len(JOBS)

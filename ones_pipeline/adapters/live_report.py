@@ -174,7 +174,8 @@ def summary_line(summary: dict[str, float], num_slots: int, device: str = "gpu")
     return (f"**{summary['jobs']} jobs finished** on {num_slots} {slots}: mean JCT {_dur(summary['mean_jct_s'])}, "
             f"median {_dur(summary['median_jct_s'])}, p95 {_dur(summary['p95_jct_s'])}; "
             f"makespan {_dur(summary['makespan_s'])}, utilisation {_num(summary['utilisation'], '.0%')} "
-            f"(while work was pending), {summary['gpu_s'] / 3600:.2f} {hours}, {summary['restarts']} restarts.")
+            f"(while work was pending), {summary['gpu_s'] / 3600:.2f} {hours}, {summary['restarts']} "
+            f"restart{'' if summary['restarts'] == 1 else 's'}.")
 
 
 def _unit(seconds: Sequence[float]) -> tuple[str, float]:
@@ -222,7 +223,7 @@ def plot_jct_cdf(table: pd.DataFrame, path: Path, title: str = "") -> Path:
 
 
 def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slots: int, path: Path,
-                    title: str = "", now_s: float | None = None) -> Path:
+                    title: str = "", now_s: float | None = None, device: str = "gpu") -> Path:
     """Slots held over time: one horizontal bar per (span, slot), one colour per job (in order of first
     submit or start), generation numbers on bars wide enough to hold them. Resizes and preemptions show as
     a job's colour moving between slots. Spans still running are hatched and end at ``now_s`` (default
@@ -250,7 +251,8 @@ def plot_allocation(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_s
     return reporting.plot_slot_bars(
         bars, order, num_slots, path, origin_s=min(first_seen.values()), end_s=end_s, now_s=now,
         unfinished=[n for n in order if n not in finished], figsize=_FIGSIZE, dpi=_DPI,
-        title=f"{title + ': ' if title else ''}allocation over time ({num_slots} slots)")
+        slot_label="GPU" if device == "gpu" else "CPU slot",
+        title=f"{title + ': ' if title else ''}allocation over time ({num_slots} {slot_words(device)[0]})")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -276,7 +278,8 @@ def build_report(jobs: Sequence[FinishedJob], spans: Sequence[RunSpan], num_slot
             "title": title, "num_slots": num_slots,
             "summary": {k: reporting.json_safe(v) for k, v in summary.items()}}),
         "jct_cdf": plot_jct_cdf(table, out_dir / "jct_cdf.png", title=title),
-        "allocation": plot_allocation(jobs, spans, num_slots, out_dir / "allocation.png", title=title, now_s=now),
+        "allocation": plot_allocation(jobs, spans, num_slots, out_dir / "allocation.png", title=title, now_s=now,
+                                      device=device),
     }
     return ClusterReport(table=table, summary=summary, markdown=_markdown(table, summary, num_slots, device),
                          files=files)

@@ -64,14 +64,29 @@ def apply_request(cancels: list, decisions: list, failed: dict | None, spec_erro
                          tags={APPLY_TAG: summary})
 
 
+# Cancel reasons after which the job does not go on (scheduler.tick.current_schedule): no "it resumes" then.
+_ENDED = {"finished": "the job already finished in an earlier generation; this run is not needed",
+          "spec removed": "its spec file was removed; the checkpoint is kept",
+          "job failed": "the job is marked failed; the checkpoint is kept"}
+
+
+def cancel_message(cancel: dict) -> str:
+    """The line logged on a run the scheduler cancels: a preemption or resize resumes in a new generation; a
+    run of a job that ended does not."""
+    where = f"job {cancel['job']} generation {cancel['generation']}"
+    if cancel["reason"] in _ENDED:
+        return f"cancelled by ones: {cancel['reason']} ({where}; {_ENDED[cancel['reason']]})"
+    return (f"preempted by ones: {cancel['reason']} ({where}; "
+            "the step checkpoints and the job resumes in a new generation)")
+
+
 def _cancel(context: dg.OpExecutionContext, cancel: dict) -> None:
     instance = context.instance
     run = instance.get_run_by_id(cancel["run_id"])
     if run is None or run.status.value not in IN_FLIGHT:
         context.log.info(f"run {cancel['run_id']} ({cancel['job']}) already ended; nothing to cancel")
         return
-    message = (f"preempted by ones: {cancel['reason']} (job {cancel['job']} generation {cancel['generation']}; "
-               "the step checkpoints and the job resumes in a new generation)")
+    message = cancel_message(cancel)
     instance.report_engine_event(message, run)
     context.log.info(f"cancel run {run.run_id}: {message}")
     try:

@@ -22,7 +22,7 @@ from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_in
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.runs import TAG_OUTCOME
+from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
 
 JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
 TRAIN_JOB_NAME = "train_job"
@@ -69,6 +69,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         return
     allocation = _allocation(job, config)
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
+    if context.run.tags.get(TAG_REASON):  # why the scheduler made this run, first in its log (also a tag)
+        context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
     started_s = time.time()
     try:
         with _interrupt_when_orphaned():
@@ -84,7 +86,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         raise dg.Failure(f"{job} generation {allocation.generation}: the training step ended without finishing "
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
-    yield _materialization(context, allocation, mlflow, results[0])
+    last_epoch = _last_event(launcher, allocation, started_s, "epoch") or {}
+    yield _materialization(context, allocation, mlflow, results[0], last_epoch.get("global_batch"))
 
 
 @contextlib.contextmanager
@@ -112,6 +115,11 @@ def _interrupt_when_orphaned(poll_s: float = 1.0):
 def _checkpointed_stop(launcher: StepLauncher, allocation: RunAllocation, since_s: float) -> dict | None:
     """The step's "stopped" event of this generation since ``since_s`` (its rank 0 wrote a checkpoint), or
     None."""
+    return _last_event(launcher, allocation, since_s, "stopped")
+
+
+def _last_event(launcher: StepLauncher, allocation: RunAllocation, since_s: float, event: str) -> dict | None:
+    """The newest ``event`` row of this generation since ``since_s`` in the job's progress file, or None."""
     path = launcher.ones_env.config().job_state_dir(allocation.job) / PROGRESS_FILE
     try:
         lines = path.read_text().splitlines()[-50:]
@@ -122,7 +130,7 @@ def _checkpointed_stop(launcher: StepLauncher, allocation: RunAllocation, since_
             row = json.loads(line)
         except ValueError:
             continue
-        if row.get("event") == "stopped" and row.get("generation") == allocation.generation \
+        if row.get("event") == event and row.get("generation") == allocation.generation \
                 and float(row.get("time_s", 0)) >= since_s:
             return row
     return None
@@ -132,26 +140,31 @@ def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocati
     """A planned preemption: say so in the run log and on the run (tag ``ones/outcome``), before Dagster
     records the interrupt."""
     message = (f"preempted by ones: {allocation.job} generation {allocation.generation} checkpointed at "
-               f"{int(stopped.get('samples', 0))} samples (epoch {stopped.get('epoch')}); it resumes from the "
-               "checkpoint in a new generation when the scheduler gives it slots again")
+               f"{int(stopped.get('samples', 0))} samples (epoch {float(stopped.get('epoch') or 0):.2f}); it resumes "
+               "from the checkpoint in a new generation when the scheduler gives it slots again")
     context.log.info(message)
     context.instance.add_run_tags(context.run.run_id, {TAG_OUTCOME: "preempted, checkpointed"})
 
 
-def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
-                     result: dg.MaterializeResult) -> dg.MaterializeResult:
+def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource, result: dg.MaterializeResult,
+                     final_batch: int | None = None) -> dg.MaterializeResult:
+    """The partition's metadata: rounded, units in the names, slots named as the scheduler names them; the
+    global batch the job ended with (``final_batch``, from its last epoch, when it re-tuned its own)."""
     reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
+    if isinstance(reported.get("accuracy"), float):
+        reported["accuracy"] = round(reported["accuracy"], 4)
     now = time.time()
     runs = job_run_infos(context.instance, allocation.job)
     mlflow_run = str(reported.pop("mlflow_run_id", "") or "")
+    kind = "gpu" if allocation.device == "gpu" else "cpu"
     metadata = {
         **reported,
         "jct_s": round(now - allocation.submit_time_s, 1) if allocation.submit_time_s else None,
-        "gpu_seconds": round(sum(r.held_s(now) * len(r.slot_ids) for r in runs), 1),
+        "slot_hours": round(sum(r.held_s(now) * len(r.slot_ids) for r in runs) / 3600.0, 4),
         "generations": len([r for r in runs if r.start_s is not None]),
-        "slots": ",".join(str(s) for s in allocation.slot_ids),
-        "global_batch": reported.get("global_batch") or allocation.global_batch,  # the last (re-tuned) batch
-        "submit_time_s": allocation.submit_time_s,
+        "slots": f"{kind} " + ",".join(str(s) for s in allocation.slot_ids),
+        "global_batch": int(final_batch or reported.get("global_batch") or allocation.global_batch),
+        "submit_time_s": dg.MetadataValue.timestamp(allocation.submit_time_s) if allocation.submit_time_s else None,
         "model": allocation.spec.model,
         "mlflow_run": mlflow.run_link(mlflow_run) if mlflow_run else "-",
         "mlflow_run_id": mlflow_run,
@@ -215,14 +228,16 @@ def _summary_metadata(summary: dict) -> dict:
 
 
 def _job_table(table) -> tuple[list, dg.TableSchema]:
-    """The per-job table as Dagster table metadata (seconds, one unit per column)."""
+    """The per-job table as Dagster table metadata (seconds, one unit per column). Narrow enough for the
+    asset page's metadata cell (about 560 px at a 1600 px window): accuracy to 4 digits, and the
+    generations column only in the markdown report and jobs.csv."""
     columns = [("job", "string"), ("model", "string"), ("jct_s", "float"), ("wait_s", "float"), ("run_s", "float"),
-               ("restarts", "int"), ("generations", "int"), ("slot_hours", "float"), ("accuracy", "float")]
+               ("restarts", "int"), ("slot_hours", "float"), ("accuracy", "float")]
     records = []
     for row in table.itertuples(index=False):
         values = {"job": row.job, "model": row.model, "jct_s": round(row.jct_s, 1), "wait_s": round(row.wait_s, 1),
-                  "run_s": round(row.run_s, 1), "restarts": int(row.restarts), "generations": int(row.generations),
-                  "slot_hours": round(row.gpu_s / 3600.0, 3), "accuracy": row.accuracy}
+                  "run_s": round(row.run_s, 1), "restarts": int(row.restarts),
+                  "slot_hours": round(row.gpu_s / 3600.0, 3), "accuracy": round(row.accuracy, 4)}
         records.append(dg.TableRecord({k: v for k, v in values.items() if v == v}))  # NaN accuracy left out
     return records, dg.TableSchema(columns=[dg.TableColumn(name, kind) for name, kind in columns])
 

@@ -56,10 +56,11 @@ class MlflowResource(dg.ConfigurableResource):
         return None
 
     def run_link(self, run_id: str, experiment_id: str | None = None):
-        """A URL into the MLflow UI for a server store; for sqlite, how to open it."""
+        """A URL into the MLflow UI for a server store; for sqlite, how to open it (the `mlflow ui` command:
+        the run's address in that UI is in the run's log; in a metadata cell it would be clipped)."""
         from ones_pipeline.adapters.mlflow import run_link
 
-        link = run_link(self.tracking_uri, run_id, experiment_id)
+        link = run_link(self.tracking_uri, run_id, experiment_id, address=False)
         return dg.MetadataValue.url(link) if link.startswith(("http://", "https://")) else dg.MetadataValue.text(link)
 
 

@@ -109,14 +109,14 @@ def _observations(env: EnvConfig, plan: TickPlan, waiting_seen: dict[str, str]) 
     tick. The daemon stores these before adding partitions; an observation of a partition created in the
     same tick still shows once the partition exists."""
     events = [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
-        "decision": d.line(), "gpus_before": ",".join(map(str, d.before)) or "-",
-        "gpus_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
+        "decision": d.line(), "slots_before": ",".join(map(str, d.before)) or "-",
+        "slots_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
         "policy": env.policy.name, **_why_metadata(d.why)}) for d in plan.decisions]
     for job, why in sorted(plan.waiting.items()):
         key = hashlib.sha256(why.encode()).hexdigest()[:12]
         if waiting_seen.get(job) != key:
             events.append(dg.AssetObservation(asset_key=TRAINING_ASSET, partition=job,
-                                              metadata={"waiting": why, "policy": env.policy.name}))
+                                              metadata={"job": job, "waiting": why, "policy": env.policy.name}))
     return events
 
 
@@ -186,9 +186,9 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     plan.cursor["policy_ref"] = plan.policy_ref if apply is not None else cursor.get("policy_ref")
     plan.cursor["errors"] = error_keys
     plan.cursor["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
-    plan.cursor["last_tick"] = {"time_s": now, "decide_s": round(plan.decide_s, 4),
+    plan.cursor["last_tick"] = {"time_s": round(now, 2), "decide_s": round(plan.decide_s, 4),
                                 "tick_s": round(time.perf_counter() - t_start, 4), "jobs": len(specs),
-                                "slots": slots.num_slots, "inventory": slots.reason}
+                                "slots": slots.num_slots}
     skip = None
     if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "

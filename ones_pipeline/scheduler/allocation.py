@@ -77,7 +77,8 @@ class RunAllocation:
     def describe(self) -> str:
         what = "GPU" if self.device == "gpu" else "CPU slot"
         tuned = " (the job re-tunes it)" if self.tune_batch else ""
-        return (f"{self.job} generation {self.generation}: {self.world_size} {what}(s) {list(self.slot_ids)}, "
+        what += "" if self.world_size == 1 else "s"
+        return (f"{self.job} generation {self.generation}: {self.world_size} {what} {list(self.slot_ids)}, "
                 f"global batch {self.global_batch}{tuned}, lr {self.lr:.4g}")
 
     def to_dict(self) -> dict[str, Any]:

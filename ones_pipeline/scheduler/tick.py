@@ -114,7 +114,7 @@ def _cancel_pending(inputs: TickInputs, state: _State, run_id: str) -> bool:
 def _add_cancel(inputs: TickInputs, state: _State, plan: TickPlan, run: RunInfo, reason: str) -> None:
     if not _cancel_pending(inputs, state, run.run_id):
         plan.cancels.append(Cancel(run.run_id, run.job, run.generation, reason))
-        state.cancelling[run.run_id] = inputs.now
+        state.cancelling[run.run_id] = round(inputs.now, 2)
 
 
 def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Current:
@@ -159,7 +159,7 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
     for job, spec in inputs.specs.items():
         if job in inputs.finished or job in state.failed:
             continue
-        state.submit.setdefault(job, inputs.now)
+        state.submit.setdefault(job, round(inputs.now, 2))  # first seen; 10 ms is plenty (the cursor shows it)
         h = spec_hash(spec)
         if state.hashes.get(job) not in (None, h) and job in current.allocations:
             spec_changed.add(job)
@@ -327,7 +327,7 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
                                             tune_batch=after.batch_tuned_by_job)
             plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
             pr = inputs.progress.get(job)
-            state.launch_epochs[job] = (pr.samples_done / spec.dataset_size) if pr else 0.0
+            state.launch_epochs[job] = round(pr.samples_done / spec.dataset_size, 3) if pr else 0.0
         tuned = after is not None and after.batch_tuned_by_job
         gns = next((v.grad_noise_scale for v in views if v.name == job), None) if tuned else None
         plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason,

@@ -131,28 +131,49 @@ def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = No
         seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)))
 
 
+def _slots(req: LaunchRequest, processes: Any) -> str:
+    """``2 CPU slots`` / ``1 GPU``: one process per slot, named as the scheduler names its slots."""
+    n = int(processes) if processes is not None else req.world_size
+    word = "GPU" if req.allocation.device == "gpu" else "CPU slot"
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _epoch(req: LaunchRequest, epoch: Any) -> str:
+    """``3/12`` for a job that stops after 12 epochs, else ``3``; two decimals for a fraction of an epoch."""
+    if epoch is None:
+        return "-"
+    text = f"{int(epoch)}" if float(epoch).is_integer() else f"{float(epoch):.2f}"
+    total = req.spec.stopping.epochs if req.spec.stopping.kind is StopKind.EPOCHS else None
+    return f"{text}/{float(total):g}" if total else text
+
+
 def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
     """One run-log line for a progress event of rank 0."""
     if row.get("event") == "mlflow_run":
         from ones_pipeline.adapters.mlflow import run_link
 
         where = run_link(req.tracking_uri, row["run_id"], row.get("experiment_id")) if req.tracking_uri else "-"
-        return f"{req.spec.name}: MLflow run {row['run_id']}: {where}"
+        if where.startswith(("http://", "https://")):
+            return f"{req.spec.name}: MLflow run {row['run_id']}: {where}"
+        return f"{req.spec.name}: MLflow {where}"  # "run <id> in <uri> (mlflow ui ...)": the id once
     if row.get("event") == "epoch":
         def num(key: str, fmt: str) -> str:
             return format(row[key], fmt) if row.get(key) is not None else "-"
 
-        return (f"{req.spec.name} generation {row.get('generation')}: epoch {num('epoch', '.2f')}, "
+        return (f"{req.spec.name} generation {row.get('generation')}: epoch {_epoch(req, row.get('epoch'))}, "
                 f"{int(row.get('samples') or 0)} samples, accuracy {num('accuracy', '.4f')}, "
                 f"loss {num('loss', '.4f')}, {num('samples_per_s', '.1f')} samples/s, global batch "
-                f"{row.get('global_batch')} on {row.get('processes')} process(es)")
+                f"{row.get('global_batch')} on {_slots(req, row.get('processes'))}")
     if row.get("event") == "batch":  # the step re-tuned its own batch (train.batch_tuning)
         gns, gain = row.get("grad_noise_scale"), row.get("predicted_gain")
         why = f"noise scale {gns:.0f} samples" if gns else "no noise scale measured yet"
         gain_text = f", predicted goodput x{gain:.2f}" if gain else ""
         return (f"{req.spec.name} generation {row.get('generation')}: global batch {row.get('from')} -> "
-                f"{row.get('to')} on {row.get('processes')} process(es) without a restart: goodput-optimal at "
+                f"{row.get('to')} on {_slots(req, row.get('processes'))} without a restart: goodput-optimal at "
                 f"{why}{gain_text}")
+    if row.get("event") == "stopped":  # rank 0 checkpointed on a stop request (a preemption or resize)
+        return (f"{req.spec.name} generation {row.get('generation')}: stopped with a checkpoint at "
+                f"{int(row.get('samples') or 0)} samples (epoch {_epoch(req, row.get('epoch'))})")
     return f"{req.spec.name}: {json.dumps(dict(row))}"
 
 

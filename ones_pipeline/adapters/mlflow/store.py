@@ -44,13 +44,22 @@ def default_tracking_uri(base_dir: str | os.PathLike) -> str:
     return f"sqlite:///{(Path(base_dir).expanduser().resolve() / 'mlflow.db').as_posix()}"
 
 
-def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None) -> str:
+# The UI's route to a run. MLflow 3.17's UI opens in its GenAI view in a browser that never chose otherwise
+# (a ``mlflow.workflowType`` browser setting that overrides the experiment's ``mlflow.experimentKind`` tag);
+# the query parameter opens the run in the model-training view.
+_RUN_ROUTE = "#/experiments/{experiment}/runs/{run}?workflowType=machine_learning"
+
+
+def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None, address: bool = True) -> str:
     """Where to look at a run: for an http(s) store, a URL into its MLflow UI (experiment ``0``, MLflow's
-    default, when ``experiment_id`` is not given); for any other store, how to open a UI on it:
-    ``run <id> in <uri> (mlflow ui --backend-store-uri <uri>)``."""
+    default, when ``experiment_id`` is not given: the UI shows the run all the same); for any other store,
+    how to open a UI on it: ``run <id> in <uri> (mlflow ui --backend-store-uri <uri>, then
+    http://127.0.0.1:5000/#/...)``, without the address when ``address`` is false (a narrow table cell)."""
+    route = _RUN_ROUTE.format(experiment=experiment_id or "0", run=run_id)
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id or '0'}/runs/{run_id}"
-    return f"run {run_id} in {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri})"
+        return f"{tracking_uri.rstrip('/')}/{route}"
+    then = f", then http://127.0.0.1:5000/{route}" if address else ""
+    return f"run {run_id} in {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri}{then})"
 
 
 def store_scheme(tracking_uri: str) -> str:
