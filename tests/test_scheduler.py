@@ -180,3 +180,20 @@ def test_a_cancel_under_way_is_not_decided_again_every_tick():
     assert not again.cancels and not [d for d in again.decisions if d.job == "long"]
     later = plan([spec("long", 2000), spec("short", 2)], runs, now=1200.0, cursor=first.cursor, min_hold_s=0.0)
     assert [c.job for c in later.cancels] == ["long"]  # still running 200 s later: the cancel is retried
+
+
+def test_a_job_that_has_trained_its_whole_budget_is_left_to_end_not_moved():
+    """MLflow shows every sample of 'long' trained, but its materialization has not arrived: the policy
+    would give a slot to 'short', yet 'long' keeps its run (a new generation would train nothing)."""
+    from ones_pipeline.scheduler import ProgressInfo
+
+    long_run = run("long", 0, [0, 1], created=900.0, batch=64)
+    specs = [spec("long", 2000), spec("short", 2)]
+    moved = plan(specs, [long_run], now=1000.0, min_hold_s=0.0)
+    assert [c.job for c in moved.cancels] == ["long"]  # the premise: the policy moves it otherwise
+    done = ProgressInfo(samples_done=2000 * 1437)
+    inputs = TickInputs(now=1000.0, specs={s.name: s for s in specs}, finished=frozenset(), runs=[long_run],
+                        progress={"long": done}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor={})
+    kept = plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=0.0))
+    assert not kept.cancels and not [d for d in kept.decisions if d.job == "long"]
+    assert all(set(x.slot_ids).isdisjoint({0, 1}) for x in kept.launches if x.job == "long")

@@ -278,13 +278,23 @@ def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_c
     return "move to other slots"
 
 
+def done_training(inputs: TickInputs, job: str) -> bool:
+    """MLflow shows the job's whole sample budget trained (an epochs or samples rule): its run is ending and
+    will materialize; a new allocation would pay a start-up to train nothing."""
+    spec, pr = inputs.specs.get(job), inputs.progress.get(job)
+    total = spec.stopping.total_samples(spec.dataset_size) if spec is not None else None
+    return pr is not None and total is not None and pr.samples_done >= total - 1e-9
+
+
 def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: set[str],
                   spec_changed: set[str]) -> list[str]:
-    """Active jobs whose slots or batch change, or whose running spec changed, in name order."""
+    """Active jobs whose slots or batch change, or whose running spec changed, in name order; a running job
+    that has trained its whole budget is left to end (``done_training``)."""
     ids = inputs.slot_ids
     out = []
     for job in sorted(set(current.allocations) | set(new.allocations)):
-        if job not in active:
+        if job not in active or (job in current.allocations and job not in spec_changed
+                                 and done_training(inputs, job)):
             continue
         before, after = current.allocations.get(job), new.allocations.get(job)
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()

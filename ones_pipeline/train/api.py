@@ -238,11 +238,13 @@ class TrainingSession:
         self._set_lr()
         self._step_times, self._steps_since_start = [], 0  # steady state again at the new batch
         if change is not None:  # rank 0
-            log.info("%s: %s", self.spec.name, change.text(self.p.world_size))
+            n, word = self.p.world_size, "GPU" if self.p.device == "cuda" else "CPU slot"
+            text = change.text(f"{n} {word}{'' if n == 1 else 's'}")
+            log.info("%s: %s", self.spec.name, text)
             self._report({**change.to_dict(), "processes": self.p.world_size, "generation": self.p.generation,
                           "samples": self.progress.samples_done})
             if self._run is not None:
-                self._run.set_tags({"ones.batch": change.text(self.p.world_size)[:250]})
+                self._run.set_tags({"ones.batch": text[:250]})
 
     def _set_lr(self) -> None:
         lr = self.current_lr()

@@ -29,6 +29,10 @@ from ones_pipeline.core.goodput import batch_limits, fitted, job_batch, split_fo
 from ones_pipeline.core.types import JobSpec, ThroughputObs
 
 MIN_STEP_TIMES = 3  # steady-state steps a configuration needs before its median is recorded
+# A change must promise at least this much more goodput: below it the choice follows noise in the step
+# times and the estimate (seen live: 64 -> 58 -> 44 -> 46, each "x1.00"), and every change costs an LR
+# warm-up. The scheduler's prediction (``job_batch``) is then within this margin of the job's goodput.
+MIN_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,11 @@ class BatchChange:
     grad_noise_scale: float | None
     gain: float | None  # predicted goodput at ``new`` over that at ``old`` (None: no model yet)
 
-    def text(self, world_size: int) -> str:
+    def text(self, slots: str) -> str:
+        """In words; ``slots``: what the job holds, e.g. ``2 CPU slots``."""
         noise = f"noise scale {self.grad_noise_scale:.0f} samples" if self.grad_noise_scale else "no noise scale yet"
         gain = f", predicted goodput x{self.gain:.2f}" if self.gain is not None else ""
-        return (f"global batch {self.old} -> {self.new} on {world_size} process(es): goodput-optimal at the "
-                f"measured {noise}{gain}")
+        return f"global batch {self.old} -> {self.new} on {slots}: goodput-optimal at the measured {noise}{gain}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"event": "batch", "from": self.old, "to": self.new, "grad_noise_scale": self.grad_noise_scale,
@@ -72,8 +76,8 @@ class BatchTuner:
         return tuple(ThroughputObs(g, k, b, t) for (g, k, b), t in sorted(self.step_times.items()))
 
     def choose(self, current: int, grad_noise_scale: float | None) -> BatchChange | None:
-        """The change to make now, None to keep ``current`` (off, already optimal, or no noise scale: the
-        estimate is undefined while the averaged |G|^2 is not positive, when the gradient is mostly noise)."""
+        """The change to make now, None to keep ``current``: off; already optimal or less than ``MIN_GAIN``
+        better; or no noise scale (undefined while the averaged |G|^2 is not positive: mostly noise)."""
         if not self.enabled or grad_noise_scale is None:
             return None
         obs = self.observations()
@@ -84,7 +88,10 @@ class BatchTuner:
         new = max(min(self.world_size * per_gpu, self.spec.global_batch_cap), 1)
         if new == current:
             return None
-        return BatchChange(current, new, grad_noise_scale, self._gain(obs, grad_noise_scale, current, new))
+        gain = self._gain(obs, grad_noise_scale, current, new)
+        if gain is not None and gain < 1.0 + MIN_GAIN:
+            return None
+        return BatchChange(current, new, grad_noise_scale, gain)
 
     def _gain(self, obs, gns, old: int, new: int) -> float | None:
         if not obs or gns is None:
