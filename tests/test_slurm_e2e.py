@@ -30,7 +30,9 @@ MLP = ("model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.4\nreques
 # Two long jobs fill both nodes (ones keeps a job on one node); the short one (2 GPUs at most) arrives once
 # both train, so ones shrinks or preempts a long one for it (it resumes from its checkpoint) and regrows it
 # once the short one is done.
-JOBS = {"long-a": MLP.format(gpus=4, epochs=100), "long-b": MLP.format(gpus=4, epochs=100),
+# 300 epochs: the long jobs re-tune to large batches after their first epochs and would otherwise be all but
+# done when the short one arrives (then waiting for them is the right call, and ones makes it).
+JOBS = {"long-a": MLP.format(gpus=4, epochs=300), "long-b": MLP.format(gpus=4, epochs=300),
         "quick": MLP.format(gpus=2, epochs=5)}
 LONG = ("long-a", "long-b")
 TIMEOUT_S = 600
