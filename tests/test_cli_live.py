@@ -210,3 +210,24 @@ def test_eta_comes_from_wall_clock_progress():
     assert eta_text(remaining_samples=382 * 100, samples_done=218 * 100, held_s=35.0) == "61 s"
     assert eta_text(remaining_samples=100, samples_done=0, held_s=10.0) == "-"
     assert eta_text(remaining_samples=-5, samples_done=10, held_s=1.0) == "0 s"
+
+
+# -- the decision log in `ones run`'s summary -----------------------------------------------------------
+def test_decision_lines_from_the_log(project: Path):
+    import json
+
+    from ones_pipeline.cli.status import decision_lines
+    from ones_pipeline.config import load_env
+
+    env = load_env(project)
+    assert decision_lines(env) == []  # no log yet
+    rows = [{"time_s": 1000.0, "job": "long", "before": [], "after": [0], "global_batch": 64, "reason": "start"},
+            {"time_s": 1062.4, "job": "long", "before": [0], "after": [0, 1], "global_batch": 64,
+             "reason": "grow 1 -> 2", "policy": "ones", "decide_s": 0.01}]
+    env.layout.decisions.parent.mkdir(parents=True)
+    env.layout.decisions.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    assert decision_lines(env) == ["+   0 s  long: - -> [0] batch 64 (start)",
+                                   "+  62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2)"]
+    env.layout.decisions.write_text("\n".join(json.dumps({**rows[0], "time_s": 1000.0 + i}) for i in range(9)))
+    short = decision_lines(env, limit=4)
+    assert len(short) == 5 and short[2] == "... 5 more ..." and short[-1].startswith("+   8 s")

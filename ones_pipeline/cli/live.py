@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from ones_pipeline.cli.status import STATUS_COLUMNS, cmd_status, format_table, job_rows
+from ones_pipeline.cli.status import STATUS_COLUMNS, cmd_status, decision_lines, format_table, job_rows
 from ones_pipeline.cli.supervise import (
     AlreadyRunning,
     dagster_bin,
@@ -237,7 +237,10 @@ def _print_summary(env: EnvConfig) -> None:
     print(f"\nMLflow runs: {env.tracking_uri()} (experiment {env.mlflow.experiment}); "
           f"browse with: mlflow ui --backend-store-uri {env.tracking_uri()}")
     print(f"plots and tables: {report_dir} (jct_cdf.png, allocation.png, jobs.csv)")
-    print(f"decisions: {env.layout.decisions}")
+    lines = decision_lines(env)
+    print(f"decisions: {env.layout.decisions}" + (":" if lines else " (none)"))
+    for line in lines:
+        print(f"  {line}")
 
 
 def run_command(args: argparse.Namespace) -> int:

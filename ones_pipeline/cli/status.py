@@ -3,6 +3,7 @@ instance's runs, MLflow's progress and the scheduler's state files."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from ones_pipeline.adapters.inventory import inventory_source
@@ -109,6 +110,35 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
                      "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),
                      "generations": len(rs)})
     return rows
+
+
+def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
+    """The decision log (``decisions.jsonl``) as text, one line per decision with its time since the first:
+    ``+ 62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2: ...)``; a log longer than ``limit`` shows its first
+    ``limit // 2`` and last ``limit // 2`` lines around a count of those left out. Unreadable lines are
+    skipped."""
+    from ones_pipeline.scheduler.runs import Decision
+
+    decisions = []
+    try:
+        lines = env.layout.decisions.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            d = json.loads(line)
+            decisions.append(Decision(float(d["time_s"]), d["job"], tuple(d.get("before", ())),
+                                      tuple(d.get("after", ())), int(d.get("global_batch", 0)), d.get("reason", "")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    if not decisions:
+        return []
+    t0 = decisions[0].time_s
+    out = [f"+{d.time_s - t0:4.0f} s  {d.line()}" for d in decisions]
+    if len(out) > limit:
+        half = max(limit // 2, 1)
+        out = out[:half] + [f"... {len(out) - 2 * half} more ..."] + out[-half:]
+    return out
 
 
 def format_table(rows: list[dict], columns: list[str]) -> str:

@@ -1,0 +1,376 @@
+"""Live A/B of scheduling policies: one job mix on the real pipeline under each policy, and the simulator's
+prediction for the same mix.
+
+For each policy in ``--policies`` (fifo, ones, pollux), one after the other, a fresh temporary project
+(``resources/local.yaml``: 2 CPU slots, the subprocess launcher, MLflow and Dagster on sqlite, ticks every
+``TICK_S`` s, the policy and ``--seed``) is run by ``ones run`` (the real Dagster daemon). The mix
+(``--jobs`` jobs of the built-in workloads, lengths and arrival gaps drawn from ``--seed``) arrives
+staggered: the first job's spec is in ``assets/jobs`` when ``ones run`` starts; every other one is written
+there (atomically, as ``ones submit`` does) at its offset after the first job's start decision, and the
+sensor takes it up at its next tick, whose time is the job's submit time (the JCT counts from it). The
+first job is the longest, so the cluster never idles before the last arrival (``ones run`` would finish).
+
+Printed per policy: mean JCT, makespan, restarts (generations beyond the first, summed), start-up (a run's
+Dagster start -> its first training progress, mean), queued (its creation -> start, mean), the mean 1-min
+load average while it ran (the cores may be shared: a busy machine slows, and skews, every figure) and the
+ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying the specs and
+arrival offsets with each job's step time per GPU count measured live (``live_ab_figures``), per-job
+JCTs live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
+Definitions: ``benchmarks/live_ab_figures.py``.
+
+Exit status 1 when a run does not finish within ``--timeout`` s (or fails). Every draw comes from
+``numpy.random.default_rng(--seed)``.
+
+    .venv/bin/python benchmarks/live_ab.py [--policies fifo,ones,pollux] [--seed 0] [--jobs 6]
+                                           [--scale 0.7] [--timeout 1200] [--keep] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from live_ab_figures import (
+    live_figures,
+    pooled_step_times,
+    ratios_to,
+    run_timings,
+    sim_workload,
+    simulate_policies,
+    wall_rate,
+)
+
+from ones_pipeline import reporting
+from ones_pipeline.adapters.live_report import FinishedJob
+from ones_pipeline.config import EnvConfig, load_env, parse_job_spec
+from ones_pipeline.core.types import JobSpec
+
+ONES = str(Path(sys.executable).parent / "ones")
+SLOTS = 2
+TICK_S = 5
+ENV = {"cluster": {"gpus": "none", "cpu_slots": SLOTS}, "launcher": {"grace_period_s": 20},
+       "scheduler": {"tick_interval_s": TICK_S, "decision_budget_s": 1.0}}
+# The mix, in arrival order: (model, per-GPU batch, stopping field, (low, high) of its length, (low, high)
+# of the gap to the previous arrival in s). The first is the longest job. About 10 slot-minutes on idle cores
+# at --scale 1.
+TEMPLATES = (
+    ("resnet18-cifar-synthetic", 32, "samples", (8000, 9000), (0, 0)),
+    ("cnn-digits", 32, "epochs", (120, 160), (10, 20)),
+    ("mlp-digits", 32, "epochs", (80, 110), (20, 30)),
+    ("resnet18-cifar-synthetic", 32, "samples", (3000, 4000), (20, 30)),
+    ("cnn-digits", 16, "epochs", (150, 200), (20, 30)),
+    ("mlp-digits", 64, "epochs", (60, 90), (20, 30)),
+    ("cnn-digits", 32, "epochs", (80, 120), (15, 25)),
+    ("resnet18-cifar-synthetic", 32, "samples", (2500, 3500), (15, 25)),
+)
+LR = {"resnet18-cifar-synthetic": (0.02, 0.08), "cnn-digits": (0.02, 0.08), "mlp-digits": (0.05, 0.2)}
+
+
+@dataclass(frozen=True)
+class MixJob:
+    spec: dict  # the YAML of the spec
+    offset_s: float  # after the first job's start decision
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+
+def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0) -> list[MixJob]:
+    """The first ``n`` templates with lengths and arrival gaps drawn uniformly from their ranges, lengths
+    times ``scale``."""
+    mix, offset = [], 0.0
+    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(TEMPLATES[:n]):
+        offset += float(rng.integers(g_lo, g_hi + 1))
+        length = max(int(round(int(rng.integers(lo, hi + 1)) * scale)), 1)
+        base_lr, max_lr = LR[model]
+        spec = {"name": f"j{i}-{model.split('-')[0]}", "model": model, "per_gpu_batch": batch, "base_lr": base_lr,
+                "max_lr": max_lr, "requested_gpus": 1, "max_gpus": SLOTS, "stopping": {field: length}}
+        mix.append(MixJob(spec, offset))
+    return mix
+
+
+def parsed(job: MixJob) -> JobSpec:
+    return parse_job_spec(job.spec, f"<{job.name}>")
+
+
+# ------------------------------------------------------------------------------------------- one policy
+class LiveRun:
+    """``ones run`` on a fresh project under one policy, with the staggered submissions."""
+
+    def __init__(self, root: Path, policy: str, seed: int, mix: list[MixJob], timeout_s: float):
+        self.project, self.policy, self.mix, self.timeout_s = root / policy, policy, mix, timeout_s
+        (self.project / "resources").mkdir(parents=True)
+        (self.project / "assets" / "jobs").mkdir(parents=True)
+        env = {**ENV, "policy": {"name": policy, "seed": seed}}
+        (self.project / "resources" / "local.yaml").write_text(yaml.safe_dump(env))
+        self.env: EnvConfig = load_env(self.project)
+        self.log_path = self.project / "ones-run.log"
+        self.written: dict[str, float] = {}  # job -> unix seconds its spec was written
+        self.load: list[float] = []  # the 1-min load average, sampled while it ran (the cores are shared)
+
+    def submit(self, job: MixJob) -> None:
+        target = self.env.jobs_dir / f"{job.name}.yaml"
+        tmp = target.with_name(f".{job.name}.yaml.tmp")  # a dot file: the sensor skips it
+        tmp.write_text(yaml.safe_dump(job.spec, sort_keys=False))
+        tmp.replace(target)
+        self.written[job.name] = time.time()
+
+    def first_decision_s(self) -> float | None:
+        try:
+            line = self.env.layout.decisions.read_text().splitlines()[0]
+            return float(json.loads(line)["time_s"])
+        except (OSError, IndexError, ValueError, KeyError):
+            return None
+
+    def run(self) -> tuple[bool, float, str]:
+        """(finished, wall seconds, why not). The first job is submitted before ``ones run`` starts."""
+        self.submit(self.mix[0])
+        t0 = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [ONES, "run", "--project", str(self.project), "--timeout", f"{self.timeout_s:.0f}",
+                 "--status-every", "60"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "ONES_PROJECT_DIR": str(self.project)})
+        pending, start = list(self.mix[1:]), None
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > self.timeout_s + 120:
+                    return False, time.monotonic() - t0, "ones run did not stop after its timeout"
+                start = start or self.first_decision_s()
+                if len(self.load) < (time.monotonic() - t0) / 5:
+                    self.load.append(os.getloadavg()[0])
+                while start is not None and pending and time.time() >= start + pending[0].offset_s:
+                    self.submit(pending.pop(0))
+                time.sleep(0.5)
+        finally:
+            _stop(proc)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            return False, wall, f"ones run exited {proc.returncode} (log: {self.log_path})"
+        if pending:
+            return False, wall, (f"ones run finished before {', '.join(j.name for j in pending)} arrived "
+                                 "(the cluster went idle): lengthen the first job")
+        return True, wall, ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGINT (``ones run`` drains: every step checkpoints), then SIGKILL after 90 s."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------- records
+def finished_jobs(instance) -> list[FinishedJob]:
+    """The materialized jobs, as the report asset reads them (submit time from the run's allocation)."""
+    import dagster as dg
+
+    from ones_pipeline.defs.instance import TRAINING_ASSET
+
+    key, out = dg.AssetKey(TRAINING_ASSET), []
+    for job in sorted(instance.get_materialized_partitions(key)):
+        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[job]),
+                                                  limit=1).records
+        event = records[0].event_log_entry
+        meta = {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
+        out.append(FinishedJob(job=job, submit_s=float(meta.get("submit_time_s") or event.timestamp),
+                               finish_s=float(event.timestamp), accuracy=None, samples=None, restarts=0,
+                               model=str(meta.get("model", ""))))
+    return out
+
+
+def mlflow_points(env: EnvConfig, job: str) -> list[tuple[float, float, float | None]]:
+    """(unix s, samples, samples_per_s at that point or None) of the job's MLflow run, in logging order."""
+    from mlflow import MlflowClient
+
+    from ones_pipeline.adapters.mlflow import RUN_ID_FILE
+
+    run_id = (env.layout.job_dir(job) / RUN_ID_FILE).read_text().strip()
+    client = MlflowClient(env.tracking_uri())
+    rate = {(m.timestamp, m.step): m.value for m in client.get_metric_history(run_id, "samples_per_s")}
+    history = sorted(client.get_metric_history(run_id, "samples"), key=lambda m: (m.timestamp, m.step))
+    return [(m.timestamp / 1000.0, float(m.value), rate.get((m.timestamp, m.step))) for m in history]
+
+
+def collect(live: LiveRun) -> dict:
+    """Everything measured in one policy's run: figures, runs, points, throughput observations."""
+    from ones_pipeline.adapters.mlflow import read_progress
+    from ones_pipeline.defs.instance import job_run_infos, open_instance
+
+    env = live.env
+    with open_instance(env) as instance:
+        jobs, runs = finished_jobs(instance), job_run_infos(instance)
+    names = [j.name for j in live.mix]
+    points = {name: mlflow_points(env, name) for name in names}
+    progress = read_progress(env.tracking_uri(), env.mlflow.experiment, names)
+    figures = live_figures(jobs, runs, run_timings(runs, points), time.time())
+    first = min(j.submit_s for j in jobs)
+    # The first job's spec is written before `ones run` starts: its lag would be the start-up of Dagster.
+    figures["arrival_lag_s"] = {j.job: j.submit_s - live.written[j.job] for j in jobs if j.job != live.mix[0].name}
+    figures["submit_offset_s"] = {j.job: j.submit_s - first for j in jobs}
+    figures["load"] = float(np.mean(live.load)) if live.load else math.nan
+    return {"figures": figures, "runs": runs, "points": points,
+            "obs": {n: list(progress[n].throughput_obs) if n in progress else [] for n in names}}
+
+
+# --------------------------------------------------------------------------------------------- printing
+def _s(value: float) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.0f}"
+
+
+def _r(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.2f}"
+
+
+def summary_table(live: dict[str, dict], sim: dict[str, dict]) -> str:
+    cols = [("policy", "<8"), ("mean JCT s", ">10"), ("makespan s", ">10"), ("restarts", ">8"), ("start-up s", ">10"),
+            ("queued s", ">8"), ("load", ">4"), ("JCT/fifo", ">8"), ("mksp/fifo", ">9"), ("| sim JCT s", ">11"),
+            ("sim mksp s", ">10"), ("sim rst", ">7"), ("JCT/fifo", ">8"), ("mksp/fifo", ">9")]
+    lr, sr = ratios_to(live), ratios_to(sim)
+    rows = []
+    for p, f in live.items():
+        s = sim.get(p, {})
+        rows.append([p, _s(f["mean_jct_s"]), _s(f["makespan_s"]), str(f["restarts"]), _s(f["startup_s"]),
+                     _s(f["queued_s"]), f"{f['load']:.1f}", _r(lr[p]["mean_jct_s"]), _r(lr[p]["makespan_s"]),
+                     f"| {_s(s.get('mean_jct_s', math.nan))}", _s(s.get("makespan_s", math.nan)),
+                     str(s.get("restarts", "-")), _r(sr.get(p, {}).get("mean_jct_s", math.nan)),
+                     _r(sr.get(p, {}).get("makespan_s", math.nan))])
+    return reporting.text_table(cols, rows)
+
+
+def jobs_table(mix: list[MixJob], live: dict[str, dict], sim: dict[str, dict], results: dict[str, dict]) -> str:
+    policies = list(live)
+    cols = [("job", "<16"), ("length", "<15"), ("arrives s", ">9")]
+    cols += [(f"{p} JCT live/sim", ">17") for p in policies] + [(f"{p} gens", ">9") for p in policies]
+    rows = []
+    for job in mix:
+        field, length = next(iter(job.spec["stopping"].items()))
+        row = [job.name, f"{length} {field}", f"{job.offset_s:.0f}"]
+        row += [f"{_s(live[p]['jct_s'].get(job.name, math.nan))}/{_s(sim[p]['jct_s'].get(job.name, math.nan))}"
+                for p in policies]
+        row += [str(sum(1 for r in results[p]["runs"] if r.job == job.name and r.start_s is not None))
+                for p in policies]
+        rows.append(row)
+    return reporting.text_table(cols, rows)
+
+
+def rates_table(mix: list[MixJob], results: dict[str, dict], measured: dict) -> str:
+    """Per job and slot count: samples/s by the step time (what the scheduler and the simulator use) and
+    by the wall clock (what the runs achieved between their first and last progress point)."""
+    cols = [("job", "<16"), ("1 slot step", ">11"), ("1 slot wall", ">11"), ("2 slots step", ">12"),
+            ("2 slots wall", ">12")]
+    rows = []
+    for job in mix:
+        row = [job.name]
+        for n in (1, 2):
+            steps = {b: t for (g, b), t in measured[job.name].items() if g == n}
+            step_rate = max((n * b / t for b, t in steps.items()), default=math.nan)
+            walls = [wall_rate(r["points"][job.name], [x for x in r["runs"] if x.job == job.name], n)
+                     for r in results.values()]
+            walls = [w for w in walls if math.isfinite(w)]
+            row += [_s(step_rate), _s(float(np.mean(walls)) if walls else math.nan)]
+        rows.append(row)
+    return reporting.text_table(cols, rows)
+
+
+# ------------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="fifo,ones,pollux", help="comma-separated, run in order (fifo,ones,pollux)")
+    ap.add_argument("--seed", type=int, default=0, help="mix draws and the policies' seed (0)")
+    ap.add_argument("--jobs", type=int, default=6, help=f"jobs in the mix, 2..{len(TEMPLATES)} (6)")
+    ap.add_argument("--scale", type=float, default=0.7,
+                    help="every job's length times this (0.7: 10-12 min per policy on 2 cores shared with other "
+                         "work, about half that on idle ones)")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per policy before giving up (1200)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary projects (their path is printed)")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    args = ap.parse_args(argv)
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not 2 <= args.jobs <= len(TEMPLATES):
+        ap.error(f"--jobs must be between 2 and {len(TEMPLATES)}")
+    if not args.scale > 0:
+        ap.error("--scale must be > 0")
+    return args
+
+
+def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], seed: int) -> tuple[dict, dict, float]:
+    """Simulated figures per policy, the pooled step times per job and the restart cost used."""
+    specs = [parsed(j) for j in mix]
+    measured = {j.name: pooled_step_times([o for r in results.values() for o in r["obs"][j.name]]) for j in mix}
+    costs = [c for r in results.values() if math.isfinite(c := r["figures"]["to_progress_s"])]
+    restart = float(np.mean(costs)) if costs else 30.0
+    totals = {s.name: s.stopping.total_samples(s.dataset_size) for s in specs}
+    workload = sim_workload(specs, {j.name: j.offset_s for j in mix}, totals, measured, restart)
+    return simulate_policies(workload, policies, SLOTS, TICK_S, seed), measured, restart
+
+
+def report(args, mix, results, walls) -> dict:
+    live = {p: r["figures"] for p, r in results.items()}
+    sim, measured, restart = predict(mix, results, list(results), args.seed)
+    print(f"\nlive: {len(mix)} jobs on {SLOTS} CPU slots, ticks every {TICK_S} s; wall time per policy: "
+          + ", ".join(f"{p} {w:.0f} s" for p, w in walls.items()))
+    print(f"sim: same specs and arrival offsets, step times measured live, restart cost {restart:.0f} s "
+          f"(live mean creation -> first progress), rounds of {TICK_S} s\n")
+    print(summary_table(live, sim))
+    print("\nper job: JCT in s (live/simulated) and generations started live\n")
+    print(jobs_table(mix, live, sim, results))
+    print("\nsamples/s: by the measured step time (the model's) vs by the wall clock (trained, start-up excluded)\n")
+    print(rates_table(mix, results, measured))
+    lags = [v for f in live.values() for v in f["arrival_lag_s"].values()]
+    print(f"\narrival lag (spec written -> the scheduler's submit time, jobs after the first): mean "
+          f"{np.mean(lags):.1f} s, max {max(lags):.1f} s")
+    return {"mix": [{"spec": j.spec, "offset_s": j.offset_s} for j in mix], "live": live, "sim": sim,
+            "wall_s": walls, "restart_cost_s": restart,
+            "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    mix = draw_mix(args.jobs, np.random.default_rng(args.seed), args.scale)
+    root = Path(tempfile.mkdtemp(prefix="ones-live-ab-"))
+    print(f"live A/B: {', '.join(args.policies)}; {len(mix)} jobs: "
+          + ", ".join(f"{j.name} {next(iter(j.spec['stopping'].values()))} at +{j.offset_s:.0f} s" for j in mix)
+          + f"; projects in {root}", flush=True)
+    results, walls = {}, {}
+    try:
+        for policy in args.policies:
+            live = LiveRun(root, policy, args.seed, mix, args.timeout)
+            ok, walls[policy], why = live.run()
+            print(f"{policy}: {'finished' if ok else 'FAILED: ' + why} in {walls[policy]:.0f} s", flush=True)
+            if not ok:
+                return 1
+            results[policy] = collect(live)
+        out = report(args, mix, results, walls)
+        if args.json:
+            reporting.write_json(args.json, json.loads(json.dumps(out, default=str)))
+        return 0
+    finally:
+        if args.keep:
+            print(f"projects kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

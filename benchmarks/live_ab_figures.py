@@ -1,0 +1,224 @@
+"""The figures of ``live_ab.py`` and its simulator prediction, as pure functions of plain records.
+
+Live (per policy): mean JCT and makespan as the live cluster report defines them
+(``adapters.live_report.job_metrics``: finish - submit, submit = the first tick that saw the spec file;
+makespan = last finish - first submit), restarts = generations beyond the first that started, summed over
+the jobs, and per run that started: ``startup`` = its Dagster start -> its first training progress, and
+``queued`` = its creation by the sensor -> its start (it waits there for the slots of the run it replaces).
+
+First training progress of a generation: the first ``samples`` point the job's MLflow run logged during that
+run with more samples than the generation resumed from, less the time it took to train those samples at the
+``samples_per_s`` logged with it (a point is logged every 10 steps, so it comes a few steps after the first).
+
+Simulated: ``ones_pipeline.sim`` replays the same specs and arrival offsets with ``MeasuredTruth``: each
+job's step time per GPU count is the median its live runs measured (MLflow ``step_time_s`` per configuration,
+pooled over every policy's run of the job), statistical efficiency 1 (the stopping rules count samples),
+and every start or change costs the live runs' mean creation -> first progress. ``LiveViews`` hides the
+noise scale from the policy, as the live sensor does (it does not read ``grad_noise_scale`` from MLflow).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ones_pipeline import reporting
+from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
+from ones_pipeline.core.policies import make_policy
+from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
+from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
+from ones_pipeline.sim.truth import SimJob
+
+# (unix seconds, samples, samples_per_s or None) of one job's MLflow points, in logging order.
+Point = tuple[float, float, "float | None"]
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    """One started run of a job: when the sensor created it, when it started, when it first trained."""
+
+    job: str
+    generation: int
+    created_s: float
+    start_s: float
+    first_progress_s: float | None  # None: it never trained (stopped during its start-up)
+
+    @property
+    def startup_s(self) -> float | None:
+        return None if self.first_progress_s is None else self.first_progress_s - self.start_s
+
+    @property
+    def queued_s(self) -> float:
+        return self.start_s - self.created_s
+
+    @property
+    def to_progress_s(self) -> float | None:
+        """Creation -> first progress: the time a start or change costs the job (the simulator's restart cost)."""
+        return None if self.first_progress_s is None else self.first_progress_s - self.created_s
+
+
+def first_progress_s(points: Sequence[Point], start_s: float, end_s: float | None) -> float | None:
+    """When a run that held the job from ``start_s`` to ``end_s`` (None: still running) first trained: see the
+    module docstring. None when it logged no progress."""
+    before = [s for t, s, _ in points if t < start_s]
+    resumed_from = max(before, default=0.0)
+    for t, samples, rate in points:
+        if t < start_s or (end_s is not None and t > end_s):
+            continue
+        if samples > resumed_from:
+            back = (samples - resumed_from) / rate if rate and rate > 0 and math.isfinite(rate) else 0.0
+            return max(start_s, t - back)
+    return None
+
+
+def run_timings(runs: Sequence[RunInfo], points: Mapping[str, Sequence[Point]]) -> list[RunTiming]:
+    """A ``RunTiming`` per run that started, from the runs and each job's MLflow points."""
+    out = []
+    for r in sorted(runs, key=lambda r: (r.job, r.generation)):
+        if r.start_s is None:
+            continue
+        first = first_progress_s(points.get(r.job, ()), r.start_s, r.end_s)
+        out.append(RunTiming(r.job, r.generation, r.created_s, r.start_s, first))
+    return out
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    kept = [v for v in values if v is not None and math.isfinite(v)]
+    return float(np.mean(kept)) if kept else math.nan
+
+
+def live_figures(jobs: Sequence[FinishedJob], runs: Sequence[RunInfo], timings: Sequence[RunTiming],
+                 now_s: float) -> dict:
+    """Per policy: ``mean_jct_s``, ``makespan_s``, ``restarts``, ``startup_s``, ``queued_s``,
+    ``to_progress_s`` (means over the started runs) and ``jct_s`` per job."""
+    spans = [RunSpan(r.job, r.generation, r.slot_ids, r.start_s, r.end_s, r.status) for r in runs]
+    metrics = {j.job: job_metrics(j, spans, now_s) for j in jobs}
+    jct = {name: m["jct_s"] for name, m in metrics.items()}
+    stats = reporting.jct_statistics(list(jct.values()), percentiles=())
+    makespan = max(j.finish_s for j in jobs) - min(j.submit_s for j in jobs) if jobs else math.nan
+    return {
+        "jobs": len(jobs), "mean_jct_s": stats["mean_jct_s"], "makespan_s": float(makespan),
+        "restarts": int(sum(max(m["generations"] - 1, 0) for m in metrics.values())),
+        "startup_s": _mean([t.startup_s for t in timings]), "queued_s": _mean([t.queued_s for t in timings]),
+        "to_progress_s": _mean([t.to_progress_s for t in timings]), "jct_s": jct,
+    }
+
+
+def ratios_to(figures: Mapping[str, Mapping], baseline: str = "fifo") -> dict[str, dict[str, float]]:
+    """Mean JCT and makespan of each policy over ``baseline``'s (NaN without the baseline)."""
+    base = figures.get(baseline)
+    out = {}
+    for policy, f in figures.items():
+        out[policy] = {key: (f[key] / base[key] if base and base[key] > 0 else math.nan)
+                       for key in ("mean_jct_s", "makespan_s")}
+    return out
+
+
+# --------------------------------------------------------------------------------------------- measured
+def pooled_step_times(observations: Sequence[ThroughputObs]) -> dict[tuple[int, int], float]:
+    """(GPUs, per-GPU batch) -> median step time over every observation of that configuration."""
+    by_key: dict[tuple[int, int], list[float]] = {}
+    for o in observations:
+        if o.step_time_s > 0 and math.isfinite(o.step_time_s):
+            by_key.setdefault((int(o.num_gpus), int(o.per_gpu_batch)), []).append(float(o.step_time_s))
+    return {k: float(np.median(v)) for k, v in sorted(by_key.items())}
+
+
+def step_time_at(measured: Mapping[tuple[int, int], float], gpus: int, local_batch: int) -> float:
+    """Step time at ``gpus`` x ``local_batch`` from the measured configurations: the nearest per-GPU batch
+    measured at that GPU count, scaled in proportion to the batch; with nothing measured at that count, the
+    nearest count's (its per-GPU time, i.e. perfect scaling). KeyError when nothing was measured."""
+    if not measured:
+        raise KeyError("no step time measured")
+    counts = sorted({n for n, _ in measured})
+    n = min(counts, key=lambda c: (abs(c - gpus), -c))
+    batch = min((b for c, b in measured if c == n), key=lambda b: (abs(b - local_batch), b))
+    return measured[(n, batch)] * local_batch / batch
+
+
+@dataclass(frozen=True)
+class MeasuredTruth:
+    """A live job as the simulator's ground truth (``sim.truth.JobTruth``), from what its live runs measured."""
+
+    model: str
+    base_batch: int
+    total_progress: float
+    restart_cost_s: float
+    measured: Mapping[tuple[int, int], float]  # pooled_step_times
+    max_local_batch: int = 1 << 20  # the live step has no gradient accumulation
+
+    def step_time(self, placement: tuple[int, ...], local_batch: int) -> tuple[float, float]:
+        return step_time_at(self.measured, sum(placement), local_batch), 0.0
+
+    def efficiency(self, progress: float, global_batch: float) -> float:
+        return 1.0
+
+    def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
+        return 1e9  # hidden from the policies by LiveViews
+
+    def metrics(self, progress: float) -> tuple[float, float]:
+        frac = min(progress / self.total_progress, 1.0)
+        return 1.0 - 0.9 * frac, 0.1 + 0.8 * frac
+
+
+class LiveViews:
+    """A policy that sees jobs as the live sensor shows them: without a measured gradient noise scale."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+
+    def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
+        return self.policy.decide(now_s, cluster, [replace(j, grad_noise_scale=None) for j in jobs], current)
+
+    def to_dict(self) -> dict:
+        return self.policy.to_dict()
+
+    def load_state(self, state) -> None:
+        self.policy.load_state(state)
+
+
+def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],
+                 measured: Mapping[str, Mapping[tuple[int, int], float]], restart_cost_s: float) -> list[SimJob]:
+    """The live mix as simulator jobs: each spec arriving at its offset, ``totals[job]`` samples long."""
+    return [SimJob(replace(s, submit_time_s=float(offsets_s[s.name])),
+                   MeasuredTruth(s.model, s.per_gpu_batch, float(totals[s.name]), float(restart_cost_s),
+                                 dict(measured[s.name])))
+            for s in specs]
+
+
+def sim_figures(result: SimResult) -> dict:
+    """The simulated counterpart of ``live_figures`` (no start-up split: it is the restart cost)."""
+    jct = {r.name: r.jct_s for r in result.jobs}
+    return {"jobs": len(result.jobs), "mean_jct_s": float(np.mean(list(jct.values()))),
+            "makespan_s": float(result.makespan_s - min(r.submit_s for r in result.jobs)),
+            "restarts": int(sum(r.restarts for r in result.jobs)), "jct_s": jct}
+
+
+def simulate_policies(workload: Sequence[SimJob], policies: Sequence[str], slots: int, interval_s: float,
+                      seed: int) -> dict[str, dict]:
+    """``sim_figures`` per policy: one node of ``slots`` slots, a round every ``interval_s`` (the live tick)."""
+    cluster = Cluster.uniform(1, slots)
+    out = {}
+    for name in policies:
+        result = simulate(workload, LiveViews(make_policy(name, seed=seed)), cluster, SimConfig(interval_s=interval_s))
+        out[name] = sim_figures(result)
+    return out
+
+
+def wall_rate(points: Sequence[Point], runs: Sequence[RunInfo], gpus: int) -> float:
+    """Samples per second of wall-clock time the job's runs on ``gpus`` slots trained (from each run's first
+    point to its last: evaluation, checkpoints and logging included, start-up left out); NaN if none."""
+    gained, seconds = 0.0, 0.0
+    for r in runs:
+        if r.start_s is None or len(r.slot_ids) != gpus:
+            continue
+        inside = [(t, s) for t, s, _ in points if t >= r.start_s and (r.end_s is None or t <= r.end_s)]
+        if len(inside) >= 2:
+            gained += inside[-1][1] - inside[0][1]
+            seconds += inside[-1][0] - inside[0][0]
+    return gained / seconds if seconds > 0 else math.nan
