@@ -49,12 +49,7 @@ def _progress(context, mlflow: MlflowResource, jobs) -> dict:
         return {}
     return {job: ProgressInfo(samples_done=p.samples_done, throughput_obs=p.throughput_obs,
                               loss_history=p.loss_history, accuracy_history=p.accuracy_history,
-                              restarts=p.restarts, grad_noise_scale=p.grad_noise_scale,
-                              global_batch=_int_or_none(p.metrics.get("global_batch"))) for job, p in raw.items()}
-
-
-def _int_or_none(value: float | None) -> int | None:
-    return int(value) if value is not None and value == value else None  # NaN: None
+                              restarts=p.restarts, grad_noise_scale=p.grad_noise_scale) for job, p in raw.items()}
 
 
 def _spec_errors(context, errors: list[ConfigError], reported: set[str]) -> tuple[list[str], list[dict] | None]:

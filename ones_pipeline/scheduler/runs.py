@@ -86,7 +86,6 @@ class ProgressInfo:
     accuracy_history: tuple[tuple[float, float], ...] = ()
     restarts: int = 0
     grad_noise_scale: float | None = None  # measured by the step (samples); None before it has one
-    global_batch: int | None = None  # the batch the job trains with now (it may re-tune its own)
 
 
 @dataclass(frozen=True)
