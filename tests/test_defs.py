@@ -330,27 +330,54 @@ def test_a_run_launched_by_hand_leaves_a_trained_partition_green(project, instan
 
 
 def test_a_planned_preemption_says_so_on_the_run(project, instance):
-    """A run cancelled by the scheduler whose step checkpointed: no materialization, a log line and a tag
-    saying it was preempted and resumes; without a checkpoint of this generation, neither."""
+    """A run the scheduler asked to stop, whose step checkpointed: no materialization, a log line and a tag
+    saying it was preempted and resumes, and the run succeeds with no step failure (no red run, no stack
+    trace). Cancelled through Dagster instead (the fallback) after a checkpoint: the same line and tag, the
+    run ends by Dagster's interrupt. Without a checkpoint of this generation, neither."""
     from functools import partial
 
     spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
     instance.add_dynamic_partitions("training_jobs", ["job-a"])
-    config = {"ops": {"training_job": {"config": {
-        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 4).to_json()}}}}
     outcomes = {}
-    for outcome in ("interrupt", "preempt"):
+    for generation, outcome in enumerate(("interrupt", "preempt", "cancel"), start=4):
+        config = {"ops": {"training_job": {"config": {
+            "allocation": RunAllocation.make(spec, (0,), "cpu", 32, generation).to_json()}}}}
         defs = build_definitions(str(project), launcher=partial(InMemoryLauncher, outcome=outcome))
         resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
         outcomes[outcome] = dg.materialize([training_job], partition_key="job-a", instance=instance,
                                            run_config=config, resources=resources, raise_on_error=False)
     assert "job-a" not in instance.get_materialized_partitions(dg.AssetKey("training_job"))
+    assert outcomes["preempt"].success and not outcomes["cancel"].success
     planned = instance.get_run_by_id(outcomes["preempt"].run_id)
-    assert planned.tags["ones/outcome"] == "preempted, checkpointed"
-    logs = [e.message for e in instance.all_logs(planned.run_id)]
-    assert any(m.startswith("preempted by ones: job-a generation 4 checkpointed at 100 samples") for m in logs)
+    assert planned.status == DagsterRunStatus.SUCCESS and planned.tags["ones/outcome"] == "preempted, checkpointed"
+    events = instance.all_logs(planned.run_id)
+    assert not [e for e in events if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"]
+    assert any(e.message.startswith("preempted by ones: job-a generation 5 checkpointed at 100 samples")
+               for e in events)
+    cancelled = instance.get_run_by_id(outcomes["cancel"].run_id)
+    assert cancelled.tags["ones/outcome"] == "preempted, checkpointed"
     crashed = instance.get_run_by_id(outcomes["interrupt"].run_id)
     assert "ones/outcome" not in crashed.tags
+
+
+def test_a_step_stopped_with_a_checkpoint_but_not_by_the_scheduler_fails(project, instance):
+    """A checkpointed stop nobody asked for (a SIGTERM from elsewhere): not a planned preemption; the run
+    fails (the sensor relaunches the job from its checkpoint) and says why."""
+    from functools import partial
+
+    spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    config = {"ops": {"training_job": {"config": {
+        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 2).to_json()}}}}
+    defs = build_definitions(str(project), launcher=partial(InMemoryLauncher, outcome="stop"))
+    resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
+    result = dg.materialize([training_job], partition_key="job-a", instance=instance, run_config=config,
+                            resources=resources, raise_on_error=False)
+    assert not result.success
+    assert "ones/outcome" not in instance.get_run_by_id(result.run_id).tags
+    assert any("ended without finishing the job" in (e.message or "") or
+               (e.dagster_event and "ended without finishing" in str(e.dagster_event.event_specific_data))
+               for e in instance.all_logs(result.run_id))
 
 
 def test_the_policy_search_state_is_saved_by_the_apply_run_and_restored_from_the_cursor_ref(project, instance):
@@ -373,3 +400,44 @@ def test_the_policy_search_state_is_saved_by_the_apply_run_and_restored_from_the
 
     assert _saved_policy_state(Ctx, load_env(project), cursor) == saved
     assert _saved_policy_state(Ctx, load_env(project), {"policy_ref": "0" * 16}) is None
+
+
+def test_apply_asks_a_running_run_to_stop_and_cancels_it_only_when_it_does_not(project, instance, monkeypatch):
+    """A running run is asked to stop (``preempt-g<N>.json`` with the reason, in its job's directory) and
+    not cancelled when it ends in time; one that does not end is cancelled through Dagster after the grace
+    period and the margin."""
+    import threading
+
+    from ones_pipeline.config.layout import preempt_request_file
+    from ones_pipeline.defs import apply as apply_mod
+
+    (project / "resources" / "local.yaml").write_text(
+        (project / "resources" / "local.yaml").read_text() + "launcher: {grace_period_s: 1}\n")
+    monkeypatch.setattr(apply_mod, "STOP_MARGIN_S", 1.0)
+    env = load_env(project)
+    defs = build_definitions(str(project))
+    runs = {}
+    for job in ("job-a", "job-b"):
+        runs[job] = create_run_for_test(instance, job_name="train_job", tags=launch_tags(project, job, 3, (0,), 32),
+                                        status=DagsterRunStatus.STARTED, remote_job_origin=ORIGIN)
+    request_a = preempt_request_file(env.job_state_dir("job-a"), 3)
+
+    def step_of_a():  # job-a's step: it sees the request, checkpoints and its run ends
+        for _ in range(200):
+            if request_a.exists():
+                instance.report_run_failed(runs["job-a"])  # any end will do: the apply run must not cancel it
+                return
+            threading.Event().wait(0.05)
+
+    watcher = threading.Thread(target=step_of_a)
+    watcher.start()
+    plan = {"cancels": [{"run_id": r.run_id, "job": job, "generation": 3, "reason": "grow 1 -> 2"}
+                        for job, r in runs.items()]}
+    assert defs.resolve_job_def("ones_apply").execute_in_process(
+        run_config={"ops": {"apply_tick": {"config": {"plan": json.dumps(plan)}}}}, instance=instance).success
+    watcher.join()
+    assert json.loads(request_a.read_text())["reason"] == "grow 1 -> 2"
+    assert preempt_request_file(env.job_state_dir("job-b"), 3).exists()
+    assert instance.get_run_by_id(runs["job-a"].run_id).status == DagsterRunStatus.FAILURE  # ended by itself
+    assert instance.get_run_by_id(runs["job-b"].run_id).status in (DagsterRunStatus.CANCELED,
+                                                                    DagsterRunStatus.CANCELING)

@@ -127,7 +127,7 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     assert proc.returncode == 0, (project / "up.log").read_text()[-3000:]
     assert snapshots > 10
 
-    # Every job materialized; at least one preemption (a generation that checkpointed and ended CANCELED)
+    # Every job materialized; at least one preemption (a generation that checkpointed and ended green)
     # and one resize (a later generation on a different number of GPUs).
     assert {m["partition"] for m in mats} >= set(JOBS)
     by_job: dict[str, list[dict]] = {}
@@ -136,13 +136,13 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
         if r["startTime"] is not None:
             by_job.setdefault(tags["ones/job"], []).append({**tags, "status": r["status"]})
     sizes = {job: {len(g["ones/slots"].split(",")) for g in gens} for job, gens in by_job.items()}
-    preempted = [g for gens in by_job.values() for g in gens if g["status"] == "CANCELED"
+    preempted = [g for gens in by_job.values() for g in gens if (g.get("ones/outcome") or g["status"] == "CANCELED")
                  and any(int(o["ones/generation"]) > int(g["ones/generation"]) for o in gens)]
     # Whether ones shrinks a long job or preempts it for the short one depends on its search and the
     # timing of a loaded machine (both were seen): at least one running job's allocation must change.
     assert preempted or any(len(s) >= 2 for s in sizes.values()), f"no preemption or resize: {sizes} {by_job}"
     planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]  # those that checkpointed
-    assert all(g["status"] == "CANCELED" for g in planned), by_job
+    assert all(g["status"] == "SUCCESS" for g in planned), by_job  # asked to stop: ended green
     assert not [g for gens in by_job.values() for g in gens if g["status"] == "FAILURE"], by_job
     # Every generation that trained ran as a Slurm job (one cancelled while starting may not have got that far).
     assert all("ones/slurm-job" in g for gens in by_job.values() for g in gens if g["status"] == "SUCCESS"), by_job

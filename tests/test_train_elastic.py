@@ -185,3 +185,37 @@ def test_launcher_kills_a_rank_that_hangs_after_rank_0_finished(tmp_path):
     request = LaunchRequest(RunAllocation.make(spec, (0, 1), "cpu", 2, 0), tmp_path / "state", grace_period_s=1.0)
     assert launch(request) == 0
     assert time.monotonic() - t0 < 30
+
+
+def test_launcher_stops_its_ranks_when_the_scheduler_asks_its_generation(tmp_path):
+    """The apply run's ``preempt-g<N>.json`` reaches every rank as a stop request (the stop file they poll)
+    and the launcher exits 0 (a clean, checkpointed stop); a request to another generation does not."""
+    import threading
+
+    from ones_pipeline.config.layout import preempt_request_file
+    from ones_pipeline.core.types import JobSpec
+    from ones_pipeline.scheduler import RunAllocation
+    from ones_pipeline.train.launcher import LaunchRequest, launch
+
+    script = tmp_path / "rank.py"  # a rank that trains until its stop file appears, then writes its marker
+    script.write_text("import os, pathlib, time\nstop = pathlib.Path(os.environ['ONES_STOP_FILE'])\n"
+                      "while not stop.exists():\n    time.sleep(0.05)\n"
+                      "pathlib.Path(os.environ['ONES_STATE_DIR'], 'stopped-' + os.environ['ONES_RANK']).touch()\n")
+    spec = JobSpec(name="asked", model="custom", dataset_size=10, per_gpu_batch=1, max_lr=1.0,
+                   command=(sys.executable, str(script)))
+    state = tmp_path / "state"
+    state.mkdir()
+    preempt_request_file(state, 6).write_text('{"reason": "another generation"}')
+
+    def ask() -> None:
+        time.sleep(3.0)
+        preempt_request_file(state, 7).write_text('{"reason": "grow 1 -> 2"}')
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    t0 = time.monotonic()
+    request = LaunchRequest(RunAllocation.make(spec, (0, 1), "cpu", 2, 7), state, grace_period_s=20.0)
+    assert launch(request) == 0
+    asker.join()
+    assert 3.0 <= time.monotonic() - t0 < 20.0  # not stopped by generation 6's request; stopped by its own
+    assert (state / "stopped-0").exists() and (state / "stopped-1").exists()

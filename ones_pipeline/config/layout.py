@@ -5,7 +5,8 @@
       dagster.pid         the daemon / `dagster dev` process this project started
       daemon.log          the headless daemon's output (`ones run`)
       mlflow.db           the default MLflow store (sqlite), mlartifacts/ beside it
-      jobs/<job>/         one job's checkpoints, MLflow run id, result.json, progress.jsonl (rank 0's events)
+      jobs/<job>/         one job's checkpoints, MLflow run id, result.json, progress.jsonl (rank 0's events),
+                          preempt-g<N>.json (the scheduler asks generation N to stop with a checkpoint)
       scheduler.paused    present while `ones up`/`ones run` drain the runs before Dagster stops
       failed_jobs.json    jobs the scheduler gave up on, with the reason
       spec_errors.json    job spec files skipped at the last tick, with the reason
@@ -25,6 +26,14 @@ from typing import Any
 from ones_pipeline.core.types import JOB_NAME_RE
 
 PROGRESS_FILE = "progress.jsonl"  # in a job's directory: rank 0's events (epochs, MLflow run, stops)
+PREEMPT_FILE = "preempt-g{generation}.json"  # in a job's directory: the scheduler's stop request to a generation
+
+
+def preempt_request_file(job_dir: Path | str, generation: int) -> Path:
+    """Where the apply run asks ``generation`` of the job in ``job_dir`` to stop with a checkpoint. Every
+    launcher of the generation polls it (on one machine, in a container, on each Slurm node: the job's
+    directory is mounted or shared at the same path), so a planned preemption ends the step normally."""
+    return Path(job_dir) / PREEMPT_FILE.format(generation=int(generation))
 
 
 @dataclass(frozen=True)

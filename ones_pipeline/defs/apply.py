@@ -4,7 +4,8 @@ A sensor evaluation must act only through what it returns: the UI's "Preview tic
 sensor function for real against the real instance (even with the sensor stopped) and discards only the
 returned run requests. So the tick cancels nothing and writes no file itself. It returns, next to the
 training runs it requests, one run of ``ones_apply`` whose config is the rest of its plan: the runs to
-cancel (with the reason, logged on each cancelled run as "preempted by ones: ..."), the decision records
+stop (with the reason, logged on each as "preempted by ones: ..."; a running one is asked to stop with a
+checkpoint and ends green, see ``_cancel_all``), the decision records
 to append to ``decisions.jsonl``, the state files to rewrite (``failed_jobs.json``,
 ``spec_errors.json``) and the policy's search state (``policy/<ref>.json``; the cursor holds only ``ref``).
 The daemon launches it only for a committed tick; a preview launches nothing.
@@ -15,9 +16,11 @@ No ``from __future__ import annotations``: Dagster resolves Config and resource 
 
 import hashlib
 import json
+import time
 
 import dagster as dg
 
+from ones_pipeline.config.layout import preempt_request_file
 from ones_pipeline.defs.resources import OnesEnvResource
 from ones_pipeline.scheduler.runs import IN_FLIGHT
 
@@ -80,19 +83,62 @@ def cancel_message(cancel: dict) -> str:
             "the step checkpoints and the job resumes in a new generation)")
 
 
-def _cancel(context: dg.OpExecutionContext, cancel: dict) -> None:
+# A run asked to stop has this long beyond the step's grace period (a run still starting imports torch
+# first) before it is cancelled through Dagster instead.
+STOP_MARGIN_S = 60.0
+_RUNNING = ("STARTING", "STARTED")
+
+
+def _cancel_all(context: dg.OpExecutionContext, cancels: list[dict], ones_env: OnesEnvResource) -> None:
+    """Stop the runs of ``cancels``. A running one is asked to stop (``preempt-g<N>.json`` in its job's
+    directory): its step checkpoints and ends normally, and the run ends green saying it was preempted. A
+    run not started yet, or one that has not ended ``grace_period_s + STOP_MARGIN_S`` after the request,
+    is cancelled through Dagster (its step, if any, still checkpoints on the interrupt)."""
     instance = context.instance
-    run = instance.get_run_by_id(cancel["run_id"])
-    if run is None or run.status.value not in IN_FLIGHT:
-        context.log.info(f"run {cancel['run_id']} ({cancel['job']}) already ended; nothing to cancel")
-        return
-    message = cancel_message(cancel)
-    instance.report_engine_event(message, run)
-    context.log.info(f"cancel run {run.run_id}: {message}")
+    env = ones_env.config()
+    asked: dict[str, dict] = {}
+    for cancel in cancels:
+        run = instance.get_run_by_id(cancel["run_id"])
+        if run is None or run.status.value not in IN_FLIGHT:
+            context.log.info(f"run {cancel['run_id']} ({cancel['job']}) already ended; nothing to cancel")
+            continue
+        message = cancel_message(cancel)
+        instance.report_engine_event(message, run)
+        if run.status.value in _RUNNING:
+            _write_preempt_request(env, cancel)
+            context.log.info(f"stop run {run.run_id}: {message}")
+            asked[run.run_id] = cancel
+        else:
+            context.log.info(f"cancel run {run.run_id} (not started): {message}")
+            _dagster_cancel(context, run.run_id)
+    deadline = time.monotonic() + env.launcher.grace_period_s + STOP_MARGIN_S
+    while asked and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for run_id in list(asked):
+            run = instance.get_run_by_id(run_id)
+            if run is None or run.status.value not in IN_FLIGHT:
+                context.log.info(f"run {run_id} ({asked.pop(run_id)['job']}) ended: "
+                                 f"{run.status.value if run else 'gone'}")
+    for run_id, cancel in asked.items():
+        context.log.warning(f"run {run_id} ({cancel['job']}) did not stop within "
+                            f"{env.launcher.grace_period_s + STOP_MARGIN_S:.0f} s of the request: cancelling it")
+        _dagster_cancel(context, run_id)
+
+
+def _write_preempt_request(env, cancel: dict) -> None:
+    """The request every launcher of the generation polls; written atomically (a half file reads as none)."""
+    path = preempt_request_file(env.job_state_dir(cancel["job"]), cancel["generation"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": cancel["run_id"], "reason": cancel["reason"], "time_s": time.time()}))
+    tmp.replace(path)
+
+
+def _dagster_cancel(context: dg.OpExecutionContext, run_id: str) -> None:
     try:
-        instance.run_coordinator.cancel_run(run.run_id)
+        context.instance.run_coordinator.cancel_run(run_id)
     except Exception as exc:  # it ended meanwhile
-        context.log.warning(f"could not cancel run {run.run_id}: {exc}")
+        context.log.warning(f"could not cancel run {run_id}: {exc}")
 
 
 @dg.op(name="apply_tick", description="Cancel the runs a scheduler tick preempted or resized; record its "
@@ -100,8 +146,7 @@ def _cancel(context: dg.OpExecutionContext, cancel: dict) -> None:
 def apply_tick(context: dg.OpExecutionContext, config: ApplyConfig, ones_env: OnesEnvResource) -> None:
     plan = json.loads(config.plan)
     layout = ones_env.config().layout
-    for cancel in plan.get("cancels", []):
-        _cancel(context, cancel)
+    _cancel_all(context, plan.get("cancels", []), ones_env)
     layout.append_jsonl(layout.decisions, plan.get("decisions", []))
     if "failed" in plan:
         layout.write_json(layout.failed_jobs, plan["failed"])

@@ -2,8 +2,11 @@
 
 A run of ``training_job`` trains one job on one allocation (run config: the ``RunAllocation`` the
 sensor made, as JSON) through the step launcher resource until the job finishes (materialization) or
-the scheduler cancels the run (the step checkpoints and the run ends CANCELED; the next generation
-resumes).
+the scheduler preempts it: the apply run asks the generation to stop (``preempt-g<N>.json``), the step
+checkpoints, and the run ends successfully without a materialization, saying it was preempted and
+resumes (tag ``ones/outcome``). Only when the step does not stop in time does the apply run cancel the
+run through Dagster (the step still checkpoints on the interrupt, and the run ends CANCELED). The next
+generation resumes from the checkpoint.
 
 No ``from __future__ import annotations``: Dagster resolves Config and resource annotations at runtime.
 """
@@ -17,7 +20,7 @@ import time
 
 import dagster as dg
 
-from ones_pipeline.config.layout import PROGRESS_FILE
+from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_infos
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
@@ -79,9 +82,12 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         stopped = _checkpointed_stop(launcher, allocation, started_s)
         if stopped is not None:
             _report_preempted(context, allocation, stopped)
-        # Re-raised even after a clean checkpoint: once a Pipes session ran, Dagster requires the step to
-        # yield its asset output (a materialization), so the only clean end left would be a false one.
+        # Re-raised even after a clean checkpoint: the run was cancelled through Dagster (the fallback when
+        # the step did not stop on the scheduler's request in time), and Dagster ends it CANCELED.
         raise
+    if not results and (planned := _planned_stop(launcher, allocation, started_s)) is not None:
+        _report_preempted(context, allocation, planned)  # the scheduler asked, the step checkpointed: green
+        return
     if not results:
         raise dg.Failure(f"{job} generation {allocation.generation}: the training step ended without finishing "
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
@@ -118,6 +124,13 @@ def _checkpointed_stop(launcher: StepLauncher, allocation: RunAllocation, since_
     return _last_event(launcher, allocation, since_s, "stopped")
 
 
+def _planned_stop(launcher: StepLauncher, allocation: RunAllocation, since_s: float) -> dict | None:
+    """The "stopped" event when this generation stopped with a checkpoint because the apply run asked it to
+    (``preempt-g<N>.json``); None otherwise (a stop from elsewhere is a failure: the sensor relaunches)."""
+    request = preempt_request_file(launcher.ones_env.config().job_state_dir(allocation.job), allocation.generation)
+    return _checkpointed_stop(launcher, allocation, since_s) if request.exists() else None
+
+
 def _last_event(launcher: StepLauncher, allocation: RunAllocation, since_s: float, event: str) -> dict | None:
     """The newest ``event`` row of this generation since ``since_s`` in the job's progress file, or None."""
     path = launcher.ones_env.config().job_state_dir(allocation.job) / PROGRESS_FILE
@@ -137,8 +150,8 @@ def _last_event(launcher: StepLauncher, allocation: RunAllocation, since_s: floa
 
 
 def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocation, stopped: dict) -> None:
-    """A planned preemption: say so in the run log and on the run (tag ``ones/outcome``), before Dagster
-    records the interrupt."""
+    """A planned preemption: say so in the run log and on the run (tag ``ones/outcome``). The reason is in
+    the line the apply run logged on this run just before ("preempted by ones: <reason> ...")."""
     message = (f"preempted by ones: {allocation.job} generation {allocation.generation} checkpointed at "
                f"{int(stopped.get('samples', 0))} samples (epoch {float(stopped.get('epoch') or 0):.2f}); it resumes "
                "from the checkpoint in a new generation when the scheduler gives it slots again")

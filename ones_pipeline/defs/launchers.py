@@ -4,7 +4,9 @@ One base resource, ``StepLauncher``, with ``run(context, allocation)``; the asse
 no launcher kind. ``definitions.py`` picks the launcher the environment names (``launcher.kind``):
 
 * ``SubprocessLauncher``: ``python -m ones_pipeline.train`` as a local process (``dg.PipesSubprocessClient``);
-  cancelling the run forwards the termination, the step checkpoints within the grace period.
+  a planned preemption (the apply run's ``preempt-g<N>.json``) stops it with a checkpoint and the step ends
+  normally; cancelling the run (the fallback) forwards the termination, the step checkpoints within the
+  grace period.
 * ``DockerLauncher``: the same step in a container with exactly its GPUs (``defs/docker_step.py``).
 * ``SlurmLauncher``: the step as one Slurm job across the allocation's nodes, one rank per GPU
   (``defs/slurm_step.py``).
@@ -24,7 +26,7 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.config import EnvConfig
-from ones_pipeline.config.layout import PROGRESS_FILE
+from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
 from ones_pipeline.defs.resources import MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
 
@@ -57,7 +59,7 @@ class SubprocessLauncher(StepLauncher):
         client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=grace + 10)
         invocation = client.run(context=context, command=[sys.executable, "-m", STEP_MODULE],
                                 extras=self.step_extras(allocation), env=self.mlflow.step_env())
-        return list(invocation.get_results())
+        return _reported(invocation)
 
 
 class DockerLauncher(StepLauncher):
@@ -72,7 +74,7 @@ class DockerLauncher(StepLauncher):
         invocation = run_docker_step(context, env.launcher.docker, allocation.job, allocation.generation,
                                      list(allocation.gpus), extras, self.mlflow.step_env(),
                                      env.job_state_dir(allocation.job), mounts)
-        return list(invocation.get_results())
+        return _reported(invocation)
 
 
 class SlurmLauncher(StepLauncher):
@@ -83,15 +85,16 @@ class SlurmLauncher(StepLauncher):
 
         invocation = run_slurm_step(context, self.ones_env.config(), allocation, self.step_extras(allocation),
                                     self.mlflow.step_env())
-        return list(invocation.get_results())
+        return _reported(invocation)
 
 
 class InMemoryLauncher(StepLauncher):
     """For tests: no step runs. ``outcome="finish"`` reports the materialization a finished step reports
     (``accuracy``, the samples of its stopping rule); ``"stop"`` reports nothing, as a step stopped with
-    a checkpoint does; ``"fail"`` raises as a crashed step does; ``"preempt"`` is a cancelled run whose
-    step checkpointed (rank 0's "stopped" event, then Dagster's interrupt); ``"interrupt"`` a cancelled
-    run whose step did not."""
+    a checkpoint does; ``"fail"`` raises as a crashed step does; ``"preempt"`` a planned preemption (rank
+    0's "stopped" event, then the step ends normally with nothing reported); ``"cancel"`` a run cancelled
+    through Dagster whose step checkpointed (the stop event, then Dagster's interrupt); ``"interrupt"`` a
+    cancelled run whose step did not."""
 
     outcome: str = "finish"
     accuracy: float = 0.9
@@ -104,17 +107,26 @@ class InMemoryLauncher(StepLauncher):
             raise dg.Failure(f"{allocation.job} generation {allocation.generation}: in-memory step failed")
         if self.outcome == "stop":
             return []
-        if self.outcome in ("preempt", "interrupt"):
-            if self.outcome == "preempt":
+        if self.outcome in ("preempt", "cancel", "interrupt"):
+            if self.outcome != "interrupt":
                 with open(Path(extras["state_dir"]) / PROGRESS_FILE, "a") as fh:
                     fh.write(json.dumps({"event": "stopped", "samples": 100, "epoch": 0.1, "time_s": time.time(),
                                          "generation": allocation.generation}) + "\n")
+            if self.outcome == "preempt":  # as if the apply run had asked (it writes the request)
+                preempt_request_file(extras["state_dir"], allocation.generation).write_text('{"reason": "test"}')
+                return []
             raise dg.DagsterExecutionInterruptedError("run terminated (in-memory launcher)")
         spec = allocation.spec
         samples = spec.stopping.total_samples(spec.dataset_size) or spec.dataset_size
         return [dg.MaterializeResult(metadata={
             "accuracy": self.accuracy, "samples": samples, "epochs": samples / spec.dataset_size, "restarts": 0,
             "generation": allocation.generation, "mlflow_run_id": ""})]
+
+
+def _reported(invocation: dg.PipesClientCompletedInvocation) -> list:
+    """What the step reported, nothing implied: a step stopped with a checkpoint (a planned preemption)
+    reports no materialization, and Dagster must not make one up for it."""
+    return list(invocation.get_results(implicit_materializations=False))
 
 
 def launcher_for(env: EnvConfig, ones_env: OnesEnvResource, mlflow: MlflowResource) -> StepLauncher:

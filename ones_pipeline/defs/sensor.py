@@ -9,8 +9,9 @@ Each tick (DESIGN.md section 6):
 4. ``scheduler.plan_tick`` decides (no Dagster in it);
 5. runs whose allocation changes are to be cancelled: the tick itself acts on nothing (the UI's "Preview
    tick result" evaluates it for real); it returns one run of ``ones_apply`` (``defs/apply.py``) that
-   cancels them (``instance.run_coordinator.cancel_run``: the step checkpoints on SIGINT/SIGTERM) and
-   writes the decision log and state files, launched by the daemon for committed ticks only;
+   asks each to stop (the step checkpoints and its run ends green, saying it was preempted; a run that
+   does not stop in time is cancelled through Dagster) and writes the decision log and state files,
+   launched by the daemon for committed ticks only;
 6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
    (``ones/cpu-<id>``) tag per slot, the ``RunAllocation`` as JSON in the run config;
 7. the cursor keeps what the next tick needs to be idempotent; the policy's search state goes to

@@ -11,6 +11,10 @@ ranks agree, rank 0 checkpoints and ends the MLflow run as KILLED, and the launc
 ranks have, at most ``grace_period_s`` later (then it kills what is left and exits 1). Ranks whose
 launcher disappears (kill -9) stop the same way, and so does a launcher started by a Dagster step (under
 Pipes) whose step process disappears: its run has ended, and the scheduler starts the next generation.
+A planned preemption reaches the launcher as a file, not a signal: the scheduler's apply run writes
+``preempt-g<generation>.json`` in the job's directory (``config.layout.preempt_request_file``), the
+launcher stops its ranks as on SIGTERM and exits 0, and the Dagster step ends normally (no interrupt, no
+red failure). Every Slurm task's launcher sees the same file on the shared filesystem.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.config.layout import PROGRESS_FILE
+from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
 from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import Placement, spec_to_json
@@ -180,24 +184,38 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
 
     def on_signal(signum, frame):
         if not deadline:
-            log.info("job %s: stop requested (signal %d): checkpointing", req.spec.name, signum)
+            if frame is not None:  # a real signal (the calls below log their own reason)
+                log.info("job %s: stop requested (signal %d): checkpointing", req.spec.name, signum)
             deadline.append(time.monotonic() + req.grace_period_s)
             stop_file.touch()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    def relay() -> None:
+    preempt = preempt_request_file(req.state_dir, req.allocation.generation)
+
+    def relay(final: bool = False) -> None:
         for row in tail.rows() if tail is not None else ():
             on_event(row)
+        if not final and not deadline and preempt.exists():
+            log.info("job %s: the scheduler asks generation %d to stop (%s): checkpointing", req.spec.name,
+                     req.allocation.generation, _preempt_reason(preempt))
+            on_signal(signal.SIGTERM, None)
 
     try:
         # Under Pipes (a Dagster run id), the process that started us is the run's step.
         return _supervise(req, procs, deadline, on_signal, relay,
                           orphaned=lambda: req.dagster_run_id is not None and os.getppid() != parent)
     finally:
-        relay()
+        relay(final=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
+
+
+def _preempt_reason(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text()).get("reason") or "no reason given")
+    except (OSError, ValueError, AttributeError):
+        return "no reason given"
 
 
 def _leader_ended_cleanly(req: LaunchRequest) -> bool:
