@@ -4,6 +4,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,15 @@ def test_tick_then_materialize_a_partition_in_process_with_the_in_memory_launche
     assert meta["accuracy"].value == 0.9 and meta["model"].value == alloc.spec.model
     assert (project / ".ones/state/jobs" / rr.partition_key).is_dir()  # the launcher's state directory
     assert rr.partition_key in instance.get_materialized_partitions(dg.AssetKey("training_job"))
+    # While it trained, each epoch of the generation became an observation of its partition.
+    records = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("training_job"),
+                                                                asset_partitions=[rr.partition_key]), limit=20).records
+    progress = [r.event_log_entry.asset_observation.metadata for r in records
+                if "progress" in r.event_log_entry.asset_observation.metadata]
+    epochs = alloc.spec.stopping.epochs
+    assert len(progress) == 1 and progress[0]["progress"].value == f"epoch {epochs:g}/{epochs:g}", progress
+    assert progress[0]["global_batch"].value == alloc.global_batch and progress[0]["progress_percent"].value == 100.0
+    assert progress[0]["slots"].value == f"{alloc.world_size} CPU slot" + ("s" if alloc.world_size > 1 else "")
     # The next tick sees the job finished and does not start it again.
     with dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs,
                                  resources=defs.resources) as ctx:
@@ -371,6 +381,11 @@ def test_a_step_stopped_with_a_checkpoint_but_not_by_the_scheduler_fails(project
         "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 2).to_json()}}}}
     defs = build_definitions(str(project), launcher=partial(InMemoryLauncher, outcome="stop"))
     resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
+    job_dir = load_env(project).job_state_dir("job-a")
+    job_dir.mkdir(parents=True, exist_ok=True)
+    with open(job_dir / "progress.jsonl", "a") as fh:  # rank 0 checkpointed on a stop (no request file)
+        fh.write(json.dumps({"event": "stopped", "samples": 50, "epoch": 0.05, "generation": 2,
+                             "time_s": time.time() + 1.0}) + "\n")
     result = dg.materialize([training_job], partition_key="job-a", instance=instance, run_config=config,
                             resources=resources, raise_on_error=False)
     assert not result.success

@@ -23,6 +23,7 @@ import dagster as dg
 from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_infos
 from ones_pipeline.defs.launchers import StepLauncher
+from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
@@ -76,7 +77,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
     started_s = time.time()
     try:
-        with _interrupt_when_orphaned():
+        progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
+        with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link):
             results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)

@@ -90,11 +90,12 @@ class SlurmLauncher(StepLauncher):
 
 class InMemoryLauncher(StepLauncher):
     """For tests: no step runs. ``outcome="finish"`` reports the materialization a finished step reports
-    (``accuracy``, the samples of its stopping rule); ``"stop"`` reports nothing, as a step stopped with
-    a checkpoint does; ``"fail"`` raises as a crashed step does; ``"preempt"`` a planned preemption (rank
-    0's "stopped" event, then the step ends normally with nothing reported); ``"cancel"`` a run cancelled
-    through Dagster whose step checkpointed (the stop event, then Dagster's interrupt); ``"interrupt"`` a
-    cancelled run whose step did not."""
+    (``accuracy``, the samples of its stopping rule) after its last epoch event; ``"stop"`` reports
+    nothing, as a step stopped with a checkpoint does; ``"fail"`` raises as a crashed step does;
+    ``"preempt"`` is a planned preemption (the apply run's request, rank 0's "stopped" event, then the
+    step ends normally with nothing reported); ``"cancel"`` a run cancelled through Dagster whose step
+    checkpointed (the stop event, then Dagster's interrupt); ``"interrupt"`` a cancelled run whose step
+    did not."""
 
     outcome: str = "finish"
     accuracy: float = 0.9
@@ -118,6 +119,11 @@ class InMemoryLauncher(StepLauncher):
             raise dg.DagsterExecutionInterruptedError("run terminated (in-memory launcher)")
         spec = allocation.spec
         samples = spec.stopping.total_samples(spec.dataset_size) or spec.dataset_size
+        with open(Path(extras["state_dir"]) / PROGRESS_FILE, "a") as fh:  # the last epoch, as rank 0 reports it
+            fh.write(json.dumps({"event": "epoch", "epoch": samples / spec.dataset_size, "samples": samples,
+                                 "accuracy": self.accuracy, "loss": 0.5, "samples_per_s": 100.0,
+                                 "global_batch": allocation.global_batch, "processes": allocation.world_size,
+                                 "generation": allocation.generation, "time_s": time.time()}) + "\n")
         return [dg.MaterializeResult(metadata={
             "accuracy": self.accuracy, "samples": samples, "epochs": samples / spec.dataset_size, "restarts": 0,
             "generation": allocation.generation, "mlflow_run_id": ""})]

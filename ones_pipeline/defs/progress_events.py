@@ -1,0 +1,118 @@
+"""Progress of a running generation on its partition: one observation of ``training_job`` per epoch.
+
+The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``), and the step
+relays them as run-log lines; the run log is one click away from the partition, the partition page
+itself showed only "run has started" until the job finished. So while the launcher runs the step, a
+thread of the asset body reads the new lines of that file (from where the file ended when the
+generation started) and records each epoch of this generation as an ``AssetObservation`` of the job's
+partition: epoch of the total, samples, accuracy, losses, samples/s, global batch, slots, and the MLflow
+run. The file is on this machine for every launcher (the job's directory is mounted into a container,
+shared with Slurm nodes), so the same code serves all three.
+
+No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
+"""
+
+import json
+import threading
+from pathlib import Path
+
+import dagster as dg
+
+from ones_pipeline.core.types import StopKind
+from ones_pipeline.scheduler.allocation import RunAllocation
+
+POLL_S = 2.0
+
+
+class ProgressObserver:
+    """Use as a context manager around the step: observations while it trains, the last lines at exit."""
+
+    def __init__(self, context: dg.AssetExecutionContext, path: Path, allocation: RunAllocation, run_link=None,
+                 poll_s: float = POLL_S):
+        self.context, self.path, self.allocation = context, Path(path), allocation
+        self.run_link = run_link  # run id -> metadata value (``MlflowResource.run_link``), or None
+        self.poll_s = poll_s
+        self.mlflow_run: str | None = None
+        self.observed = 0
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
+
+    def __enter__(self) -> "ProgressObserver":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=10.0)
+        self._poll()  # the epochs of the last seconds
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.poll_s):
+            self._poll()
+
+    def _poll(self) -> None:
+        for row in self._new_rows():
+            if row.get("generation") != self.allocation.generation:
+                continue
+            if row.get("event") == "mlflow_run":
+                self.mlflow_run = str(row.get("run_id") or "") or None
+            elif row.get("event") == "epoch":
+                try:
+                    self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key,
+                                                               partition=self.allocation.job,
+                                                               metadata=self.metadata(row)))
+                    self.observed += 1
+                except Exception as exc:  # progress display must never fail the training step
+                    self.context.log.warning(f"progress observation not recorded: {exc}")
+
+    def _new_rows(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
+        self._offset += end
+        rows = []
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+    def metadata(self, row: dict) -> dict:
+        """What the partition shows for one epoch: rounded, units in the names, slots named as scheduled."""
+        spec = self.allocation.spec
+        epoch = float(row.get("epoch") or 0.0)
+        total = spec.stopping.epochs if spec.stopping.kind is StopKind.EPOCHS else None
+        epoch_text = f"{int(epoch)}" if epoch.is_integer() else f"{epoch:.2f}"
+        n = int(row.get("processes") or self.allocation.world_size)
+        word = "GPU" if self.allocation.device == "gpu" else "CPU slot"
+        out = {
+            "progress": f"epoch {epoch_text}/{float(total):g}" if total else f"epoch {epoch_text}",
+            "samples": int(row.get("samples") or 0),
+            "accuracy": _rounded(row.get("accuracy"), 4),
+            "test_loss": _rounded(row.get("loss"), 4),
+            "train_loss": _rounded(row.get("train_loss"), 4),
+            "samples_per_s": _rounded(row.get("samples_per_s"), 1),
+            "global_batch": row.get("global_batch"),
+            "slots": f"{n} {word}{'' if n == 1 else 's'}",
+            "generation": self.allocation.generation,
+        }
+        if total:
+            out["progress_percent"] = dg.MetadataValue.float(round(100.0 * min(epoch / float(total), 1.0), 1))
+        if self.mlflow_run and self.run_link is not None:
+            out["mlflow_run"] = self.run_link(self.mlflow_run)
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _rounded(value, digits: int):
+    try:
+        return None if value is None else round(float(value), digits)
+    except (TypeError, ValueError):
+        return None
