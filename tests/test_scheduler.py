@@ -161,6 +161,26 @@ def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots
     assert d.to_dict()["why"] == why
 
 
+def test_the_reason_charges_the_restart_the_policy_charges_and_says_when_the_job_itself_is_later():
+    """The numbers behind a decision use the policy's own restart cost (ones: ``restart_cost_s``, 120 s by
+    default; pollux/sia: ``restart_penalty_s``), not a different constant; a change that leaves the job
+    later than before says so instead of reading as a contradiction."""
+    from ones_pipeline.core.policies import make_policy
+    from ones_pipeline.scheduler.rationale import Why, policy_restart_cost
+
+    assert policy_restart_cost(make_policy("ones", seed=0)) == 120.0
+    assert policy_restart_cost(make_policy("ones", seed=0, restart_cost_s=45.0)) == 45.0
+    assert policy_restart_cost(make_policy("pollux", seed=0)) == 30.0
+    assert policy_restart_cost(make_policy("fifo", seed=0)) is None
+    long_run = run("long", 0, [0, 1], created=900.0, batch=64)
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
+    (d,) = [d for d in p.decisions if d.job == "long"]
+    assert d.why["restart_cost_s"] == 120.0 and "incl. 120 s restart" in d.reason
+    grow = Why(53.0, 66.0, 30.0).text()
+    assert grow.startswith("predicted to finish in 53 s -> 66 s") and "later for this job alone" in grow
+    assert "later for this job alone" not in Why(53.0, 40.0, 30.0).text()
+
+
 def test_a_job_that_waits_says_why_and_who_holds_the_slots():
     long_run = run("long", 0, [0, 1], created=995.0, batch=64)
     p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)

@@ -2,8 +2,10 @@
 
 For a job whose allocation changes, the scheduler's own throughput model (``core.estimates``: the job's
 fitted throughput, its noise scale, its remaining work) predicts how long the job still needs at its old
-size and at its new one; the restart a change costs (the policy's ``restart_cost_s``, else the default
-below) is added to the new one. A shrink or preemption names the jobs its slots go to. Policy-independent:
+size and at its new one; the restart a change costs (what the policy charges for one: ``restart_cost_s``
+of ``ones``, ``restart_penalty_s`` of ``pollux``/``sia``, else the default below) is added to the new one.
+A change that leaves the job itself later (a grow whose restart costs more than it saves) says so: the
+policy decided for all jobs. A shrink or preemption names the jobs its slots go to. Policy-independent:
 the same numbers whichever policy decided. The predictions are the scheduler's, not a promise: the
 throughput fit is only as good as the configurations the job has run in.
 """
@@ -36,6 +38,8 @@ class Why:
         if before is not None and after is not None:
             parts.append(f"predicted to finish in {_dur(before)} -> {_dur(after)}")
             parts.append(f"incl. {self.restart_cost_s:.0f} s restart")
+            if after > before:  # the policy weighs every job's completion (and idle slots), not this one's
+                parts.append("later for this job alone; the policy expects a lower mean over all jobs")
         elif after is not None:
             parts.append(f"predicted to finish in {_dur(after)} (incl. {self.restart_cost_s:.0f} s start-up)")
         elif before is not None:
@@ -48,6 +52,15 @@ class Why:
         return {"remaining_before_s": _round(self.remaining_before_s),
                 "remaining_after_s": _round(self.remaining_after_s), "restart_cost_s": self.restart_cost_s,
                 "frees_for": list(self.frees_for)}
+
+
+def policy_restart_cost(policy) -> float | None:
+    """The restart cost the policy's own objective charges (None: it charges none we know of)."""
+    for owner, name in ((getattr(policy, "config", None), "restart_cost_s"), (policy, "restart_penalty_s")):
+        value = getattr(owner, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None
 
 
 def _round(x: float | None) -> float | None:
