@@ -257,6 +257,14 @@ def test_tick_then_materialize_a_partition_in_process_with_the_in_memory_launche
     assert len(progress) == 1 and progress[0]["progress"].value == f"epoch {epochs:g}/{epochs:g}", progress
     assert progress[0]["global_batch"].value == alloc.global_batch and progress[0]["progress_percent"].value == 100.0
     assert progress[0]["slots"].value == f"{alloc.world_size} CPU slot" + ("s" if alloc.world_size > 1 else "")
+    # The cluster report's table gives the JCT the partition gives.
+    from ones_pipeline.defs.assets import cluster_report
+
+    report_resources = {k: v for k, v in defs.resources.items() if k in ("ones_env", "inventory")}
+    assert dg.materialize([cluster_report], instance=instance, resources=report_resources).success
+    report = instance.get_latest_materialization_event(dg.AssetKey("cluster_report")).asset_materialization.metadata
+    (row,) = [r for r in report["job_table"].value.records if r.data["job"] == rr.partition_key]
+    assert row.data["jct_s"] == meta["jct_s"].value
     # The next tick sees the job finished and does not start it again.
     with dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs,
                                  resources=defs.resources) as ctx:
