@@ -217,3 +217,27 @@ def test_a_job_that_has_trained_its_whole_budget_is_left_to_end_not_moved():
     kept = plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=0.0))
     assert not kept.cancels and not [d for d in kept.decisions if d.job == "long"]
     assert all(set(x.slot_ids).isdisjoint({0, 1}) for x in kept.launches if x.job == "long")
+
+
+def test_run_worker_deaths_use_up_no_retry_but_the_job_own_failures_do():
+    """Runs that failed because their run worker died (Dagster's ``dagster/failure_reason``
+    UNEXPECTED_TERMINATION, e.g. a kill -9) back off but do not exhaust ``max_retries``; as many failures
+    of the training itself (STEP_FAILURE) mark the job failed."""
+    from ones_pipeline.scheduler.tick import INFRA_RETRY_FACTOR
+
+    def failed(gen, reason):
+        tags = {**Launch(RunAllocation.make(spec("a"), (0,), "cpu", 32, gen), "test").tags(),
+                "dagster/failure_reason": reason}
+        return RunInfo.from_tags(f"a-{gen}", "FAILURE", tags, created_s=10.0 * gen, start_s=10.0 * gen + 1,
+                                 end_s=10.0 * gen + 5)
+
+    killed = [failed(g, "UNEXPECTED_TERMINATION") for g in range(4)]
+    assert killed[0].infra_failure and not failed(0, "STEP_FAILURE").infra_failure
+    p = plan([spec("a")], killed, now=1000.0, max_retries=1, retry_backoff_s=30.0)
+    assert "a" not in p.newly_failed and [launch.job for launch in p.launches] == ["a"]  # retried
+    own = [failed(g, "STEP_FAILURE") for g in range(2)]
+    p = plan([spec("a")], own, now=1000.0, max_retries=1, retry_backoff_s=30.0)
+    assert "a" in p.newly_failed and "2 failed runs" in p.newly_failed["a"] and not p.launches
+    many = [failed(g, "UNEXPECTED_TERMINATION") for g in range(INFRA_RETRY_FACTOR + 1)]
+    p = plan([spec("a")], many, now=10_000.0, max_retries=1, retry_backoff_s=30.0)
+    assert "runs whose run worker died" in p.newly_failed["a"]

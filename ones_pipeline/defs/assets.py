@@ -207,8 +207,9 @@ def cluster_report(context: dg.AssetExecutionContext, ones_env: OnesEnvResource,
         meta = {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
         submit_s = float(meta.get("submit_time_s") or event.timestamp)
         jct_s = _float(meta.get("jct_s"))  # the partition's own figure, so both pages show one JCT
+        finish_s = submit_s + jct_s if jct_s is not None else float(event.timestamp)
         finished.append(FinishedJob(
-            job=job, submit_s=submit_s, finish_s=submit_s + jct_s if jct_s is not None else float(event.timestamp), accuracy=_float(meta.get("accuracy")),
+            job=job, submit_s=submit_s, finish_s=finish_s, accuracy=_float(meta.get("accuracy")),
             samples=_float(meta.get("samples")), restarts=int(_float(meta.get("restarts")) or 0),
             model=str(meta.get("model", ""))))
     spans = [RunSpan(r.job, r.generation, r.slot_ids, r.start_s, r.end_s, r.status) for r in job_run_infos(instance)]

@@ -29,6 +29,10 @@ TAG_OUTCOME = "ones/outcome"  # set when a run is preempted after a clean checkp
 
 IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
 ENDED_BAD = ("FAILURE",)
+TAG_FAILURE_REASON = "dagster/failure_reason"  # Dagster's own, on a failed run
+# Failures of the machinery around the training, not of the job: its run worker died or was restarted
+# (e.g. kill -9, a daemon restart) or never started in time. They do not use up the job's retries.
+INFRA_FAILURES = frozenset({"UNEXPECTED_TERMINATION", "RUN_WORKER_RESTART", "START_TIMEOUT"})
 
 
 def slot_tag(slot_id: int, device: str) -> str:
@@ -55,6 +59,12 @@ class RunInfo:
     created_s: float = 0.0
     start_s: float | None = None
     end_s: float | None = None
+    failure_reason: str = ""  # Dagster's ``dagster/failure_reason`` of a failed run
+
+    @property
+    def infra_failure(self) -> bool:
+        """A failed run whose run worker died or never started: not the job's fault (``INFRA_FAILURES``)."""
+        return self.status in ENDED_BAD and self.failure_reason in INFRA_FAILURES
 
     @classmethod
     def from_tags(cls, run_id: str, status: str, tags: Mapping[str, str], created_s: float = 0.0,
@@ -63,7 +73,7 @@ class RunInfo:
             return None
         slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
         return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
-                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s)
+                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s, tags.get(TAG_FAILURE_REASON, ""))
 
     @property
     def in_flight(self) -> bool:

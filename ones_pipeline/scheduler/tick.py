@@ -35,6 +35,7 @@ from ones_pipeline.scheduler.rationale import explain, policy_restart_cost, wait
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
+INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
 CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
@@ -173,18 +174,25 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
 
 def _backing_off(now: float, job: str, runs: Sequence[RunInfo], settings: SchedulerSettings, state: _State,
                  plan: TickPlan) -> bool:
-    """True while a job that failed waits out its backoff, or once its retries are exhausted (marked failed)."""
+    """True while a job that failed waits out its backoff, or once its retries are exhausted (marked failed).
+    A failure of the machinery (its run worker killed or restarted: ``RunInfo.infra_failure``) waits the
+    base backoff but uses up no retry; only ``INFRA_RETRY_FACTOR`` times as many of those end the job."""
     failures = [r for r in runs if r.status in ENDED_BAD]
     if not failures:
         return False
     last = failures[-1]
-    if len(failures) > settings.max_retries:
-        state.failed[job] = (f"{len(failures)} failed runs (last {last.run_id}); retries exhausted "
-                             f"({settings.max_retries})")
+    own = [r for r in failures if not r.infra_failure]
+    infra = len(failures) - len(own)
+    if len(own) > settings.max_retries or infra > INFRA_RETRY_FACTOR * max(settings.max_retries, 1):
+        kind = "failed runs" if len(own) > settings.max_retries else "runs whose run worker died"
+        count = len(own) if len(own) > settings.max_retries else infra
+        limit = settings.max_retries if len(own) > settings.max_retries else INFRA_RETRY_FACTOR * max(
+            settings.max_retries, 1)
+        state.failed[job] = f"{count} {kind} (last {last.run_id}); retries exhausted ({limit})"
         plan.newly_failed[job] = state.failed[job]
         return True
     ended_s = last.end_s or last.created_s
-    return now - ended_s < settings.retry_backoff_s * 2 ** (len(failures) - 1)
+    return now - ended_s < settings.retry_backoff_s * 2 ** max(len(own) - 1, 0)
 
 
 def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], current: _Current,
