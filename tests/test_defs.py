@@ -464,3 +464,48 @@ def test_apply_asks_a_running_run_to_stop_and_cancels_it_only_when_it_does_not(p
     assert instance.get_run_by_id(runs["job-a"].run_id).status == DagsterRunStatus.FAILURE  # ended by itself
     assert instance.get_run_by_id(runs["job-b"].run_id).status in (DagsterRunStatus.CANCELED,
                                                                     DagsterRunStatus.CANCELING)
+
+
+class _PipesPreemptedLauncher:
+    """A step that ran a real Pipes session and stopped with a checkpoint because the scheduler asked (what
+    the subprocess launcher's step does on ``preempt-g<N>.json``): Dagster's typed-event-stream rule
+    applies to it, unlike the in-memory launcher's."""
+
+    @staticmethod
+    def make():
+        from ones_pipeline.config.layout import preempt_request_file
+        from ones_pipeline.defs.launchers import StepLauncher
+
+        class PipesPreempted(StepLauncher):
+            def run(self, context, allocation):
+                state = Path(self.step_extras(allocation)["state_dir"])
+                preempt_request_file(state, allocation.generation).write_text('{"reason": "test"}')
+                with open(state / "progress.jsonl", "a") as fh:
+                    fh.write(json.dumps({"event": "stopped", "samples": 64, "epoch": 0.04, "time_s": time.time(),
+                                         "generation": allocation.generation}) + "\n")
+                script = ("from dagster_pipes import open_dagster_pipes\n"
+                          "with open_dagster_pipes() as p:\n    p.log.info('stopped with a checkpoint')")
+                done = dg.PipesSubprocessClient().run(context=context, command=[sys.executable, "-c", script])
+                return list(done.get_results(implicit_materializations=False))
+
+        return PipesPreempted
+
+
+def test_a_planned_preemption_after_a_real_pipes_session_ends_green(project, instance):
+    """Dagster demands an asset's output once a Pipes session ran in it (dagster-io/dagster#28491); the
+    planned preemption lifts that for its step (``assets._no_output_allowed``), so the run succeeds with no
+    materialization. Fails if a Dagster upgrade moves the flag it resets."""
+    spec = load_job_spec(project / "assets" / "jobs" / "job-a.yaml")
+    instance.add_dynamic_partitions("training_jobs", ["job-a"])
+    config = {"ops": {"training_job": {"config": {
+        "allocation": RunAllocation.make(spec, (0,), "cpu", 32, 9).to_json()}}}}
+    defs = build_definitions(str(project), launcher=_PipesPreemptedLauncher.make())
+    resources = {k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")}
+    result = dg.materialize([training_job], partition_key="job-a", instance=instance, run_config=config,
+                            resources=resources, raise_on_error=False)
+    events = instance.all_logs(result.run_id)
+    failures = [e.dagster_event.event_specific_data for e in events
+                if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"]
+    assert result.success and not failures, failures
+    assert instance.get_run_by_id(result.run_id).tags["ones/outcome"] == "preempted, checkpointed"
+    assert "job-a" not in instance.get_materialized_partitions(dg.AssetKey("training_job"))
