@@ -509,3 +509,39 @@ def test_a_planned_preemption_after_a_real_pipes_session_ends_green(project, ins
     assert result.success and not failures, failures
     assert instance.get_run_by_id(result.run_id).tags["ones/outcome"] == "preempted, checkpointed"
     assert "job-a" not in instance.get_materialized_partitions(dg.AssetKey("training_job"))
+
+
+def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
+    """One observation for the first epoch of the generation, then at most one per ``OBSERVE_EVERY_S``;
+    rows of other generations and half-written lines are skipped; the MLflow run is linked once known."""
+    from ones_pipeline.defs.progress_events import OBSERVE_EVERY_S, ProgressObserver
+
+    class Recorder:  # the two members of the asset context the observer uses
+        asset_key = dg.AssetKey("training_job")
+
+        def __init__(self):
+            self.events = []
+            self.log = self
+
+        def log_event(self, event):
+            self.events.append(event)
+
+        def warning(self, msg):
+            raise AssertionError(msg)
+
+    spec = load_job_spec(ROOT / "assets" / "jobs" / "mlp-small.yaml")
+    alloc = RunAllocation.make(spec, (0, 1), "cpu", 64, 3)
+    path = tmp_path / "progress.jsonl"
+    path.write_text(json.dumps({"event": "epoch", "epoch": 1, "generation": 2, "time_s": 0.0}) + "\n")  # before
+    context = Recorder()
+    observer = ProgressObserver(context, path, alloc, run_link=lambda run_id: f"link:{run_id}", poll_s=3600)
+    rows = [{"event": "mlflow_run", "run_id": "abc", "generation": 3, "time_s": 1.0},
+            {"event": "epoch", "epoch": 2, "generation": 2, "time_s": 2.0}]  # another generation
+    rows += [{"event": "epoch", "epoch": e, "samples": 1437 * e, "accuracy": 0.9, "global_batch": 64, "processes": 2,
+              "generation": 3, "time_s": 10.0 + (e - 3) * OBSERVE_EVERY_S / 4} for e in range(3, 12)]
+    with observer:
+        path.write_text(path.read_text() + "".join(json.dumps(r) + "\n" for r in rows) + '{"event": "ep')
+    shown = [e.metadata for e in context.events]
+    assert [m["progress"].value for m in shown] == ["epoch 3/40", "epoch 7/40", "epoch 11/40"]
+    assert shown[0]["slots"].value == "2 CPU slots" and shown[0]["mlflow_run"].value == "link:abc"
+    assert all(e.partition == spec.name for e in context.events)

@@ -1,13 +1,14 @@
-"""Progress of a running generation on its partition: one observation of ``training_job`` per epoch.
+"""Progress of a running generation on its partition: observations of ``training_job`` while it trains.
 
 The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``), and the step
-relays them as run-log lines; the run log is one click away from the partition, the partition page
-itself showed only "run has started" until the job finished. So while the launcher runs the step, a
-thread of the asset body reads the new lines of that file (from where the file ended when the
-generation started) and records each epoch of this generation as an ``AssetObservation`` of the job's
-partition: epoch of the total, samples, accuracy, losses, samples/s, global batch, slots, and the MLflow
-run. The file is on this machine for every launcher (the job's directory is mounted into a container,
-shared with Slurm nodes), so the same code serves all three.
+relays them as run-log lines; the run log is one click away from the partition, which itself shows only
+"run has started" until the job finishes. So while the launcher runs the step, a thread of the asset
+body reads the new lines of that file (from where the file ended when the generation started) and
+records an epoch of this generation as an ``AssetObservation`` of the job's partition (the first, then
+at most one per ``OBSERVE_EVERY_S``; the run log has every epoch): epoch of the total, samples,
+accuracy, losses, samples/s, global batch, slots, and the MLflow run. The file is on this machine for
+every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
+code serves all three.
 
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
@@ -22,6 +23,9 @@ from ones_pipeline.core.types import StopKind
 from ones_pipeline.scheduler.allocation import RunAllocation
 
 POLL_S = 2.0
+# At most one observation per this many seconds (the first epoch of a generation always): one per epoch
+# buried the decisions and materializations of a 250-epoch job under 250 rows of the asset's Events tab.
+OBSERVE_EVERY_S = 30.0
 
 
 class ProgressObserver:
@@ -34,6 +38,7 @@ class ProgressObserver:
         self.poll_s = poll_s
         self.mlflow_run: str | None = None
         self.observed = 0
+        self._last_observed_s: float | None = None
         self._offset = self.path.stat().st_size if self.path.exists() else 0
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
@@ -58,6 +63,10 @@ class ProgressObserver:
             if row.get("event") == "mlflow_run":
                 self.mlflow_run = str(row.get("run_id") or "") or None
             elif row.get("event") == "epoch":
+                now = float(row.get("time_s") or 0.0)
+                if self._last_observed_s is not None and now - self._last_observed_s < OBSERVE_EVERY_S:
+                    continue
+                self._last_observed_s = now
                 try:
                     self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key,
                                                                partition=self.allocation.job,
