@@ -31,7 +31,7 @@ from ones_pipeline.core.types import (
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.tick import _batch_change, hold_young_runs
 from ones_pipeline.train.api import Placement, TrainingSession
-from ones_pipeline.train.batch_tuning import BatchTuner
+from ones_pipeline.train.batch_tuning import BatchChange, BatchTuner, accumulation_for, as_observation
 from ones_pipeline.train.checkpoint import load_checkpoint
 from ones_pipeline.train.sampler import EpochOrder
 
@@ -44,7 +44,7 @@ def _spec(**kw) -> JobSpec:
 
 # A step of 1 ms fixed cost + 1 us per sample: large batches amortise the fixed cost.
 def _times(batches, world=1):
-    return {(world, 1, b): 1e-3 + 1e-6 * b for b in batches}
+    return {(world, 1, b, 0): 1e-3 + 1e-6 * b for b in batches}
 
 
 # ----------------------------------------------------------------------------------- the choice
@@ -79,7 +79,7 @@ def test_no_change_when_off_without_a_noise_scale_or_already_optimal():
 
 
 def test_bounds_per_gpu_cap_without_accumulation_and_the_lr_cap():
-    # max_per_gpu_batch 16 on 2 processes: never more than 2 x 16 (the live step does not accumulate).
+    # max_per_gpu_batch 16 on 2 processes, a script that cannot accumulate: never more than 2 x 16.
     tuner = BatchTuner(_spec(max_per_gpu_batch=16), world_size=2, num_nodes=1, enabled=True)
     tuner.step_times.update(_times([8], world=2))
     for gns in (10.0, 1e3, 5e4, 1e7):
@@ -92,6 +92,31 @@ def test_bounds_per_gpu_cap_without_accumulation_and_the_lr_cap():
     assert capped.choose(8, 5e4).new == 32
 
 
+def test_with_accumulation_the_job_trains_the_core_batch_above_the_per_gpu_cap():
+    """A script that accumulates (``steps()``) gets the core's choice, split into micro-batches that fit."""
+    spec = _spec(max_per_gpu_batch=16)
+    tuner = BatchTuner(spec, world_size=2, num_nodes=1, enabled=True)
+    tuner.accumulates = True
+    tuner.step_times.update(_times([8], world=2))
+    change = tuner.choose(16, 1e7)
+    micro, accum = job_batch(spec, tuner.observations(), 1e7, 1, 2)
+    assert change.new == min(2 * micro * (accum + 1), 512) > 32  # the core's batch, above 2 x 16
+    assert (change.micro, change.accum) == accumulation_for(change.new, 2, 16) and change.accum >= 1
+    assert change.micro <= 16 and 2 * change.micro * (change.accum + 1) >= change.new
+    assert change.to_dict()["accum_steps"] == change.accum
+    text = BatchChange(64, 256, 900.0, 1.3, 64, 1).text("2 CPU slots")
+    assert text.startswith("global batch 64 -> 256 (2 x 64 per slot, accumulated over 2 micro-batches) on 2 CPU")
+    assert "accumulated" not in BatchChange(64, 128, 900.0, 1.3, 64, 0).text("2 CPU slots")
+
+
+def test_the_split_is_the_fewest_micro_batches_that_fit():
+    assert accumulation_for(256, 2, None) == (128, 0)
+    assert accumulation_for(256, 2, 128) == (128, 0)
+    assert accumulation_for(256, 2, 64) == (64, 1)
+    assert accumulation_for(257, 2, 64) == (43, 2)  # 129 per GPU: 3 micro-batches of at most 43
+    assert accumulation_for(3, 4, 1) == (1, 0)  # fewer samples than processes: one each at most
+
+
 def test_step_times_round_trip_and_need_steady_state():
     tuner = BatchTuner(_spec(), 2, 1, enabled=True)
     tuner.record(32, [0.01, 0.02])  # too few steps: nothing recorded
@@ -102,6 +127,23 @@ def test_step_times_round_trip_and_need_steady_state():
     again.load_state_dict(json.loads(json.dumps(tuner.state_dict())))
     again.load_state_dict(None)  # a checkpoint from before batch tuning: nothing to add
     assert again.step_times == tuner.step_times
+
+
+def test_accumulated_step_times_reach_the_fit_in_its_own_terms():
+    """Per optimizer step, keyed by micro-batch and accumulation; the fit gets one synchronising micro-batch
+    (step - accum x micro-batch time) with its sync share; checkpoints before accumulation still load."""
+    tuner = BatchTuner(_spec(max_per_gpu_batch=16), 2, 1, enabled=True)
+    tuner.accumulates = True
+    tuner.record(128, [0.40, 0.41, 0.39], [0.08, 0.09, 0.1])  # 64 per GPU: 4 micro-batches of 16
+    assert tuner.step_times == {(2, 1, 16, 3): 0.40} and tuner.micro_times == {(2, 1, 16, 3): 0.09}
+    (obs,) = tuner.observations()
+    assert (obs.num_gpus, obs.per_gpu_batch) == (2, 16)
+    assert obs.step_time_s == pytest.approx(0.40 - 3 * 0.09) and obs.sync_time_s == pytest.approx(0.40 - 4 * 0.09)
+    assert obs.step_time_s - obs.sync_time_s == pytest.approx(0.09)  # the fit's compute: the measured micro-batch
+    assert as_observation((2, 1, 16, 3), 0.2, 0.09).step_time_s == 0.09  # noisy: the update >= one compute
+    again = BatchTuner(_spec(max_per_gpu_batch=16), 2, 1, enabled=True)
+    again.load_state_dict(json.loads(json.dumps(tuner.state_dict())) + [[2, 1, 8, 0.05]])  # + an old-style row
+    assert again.step_times == {(2, 1, 16, 3): 0.40, (2, 1, 8, 0): 0.05} and again.micro_times == tuner.micro_times
 
 
 # ----------------------------------------------------------------------------------- the session
@@ -307,3 +349,118 @@ def test_a_generation_launched_after_the_job_finished_trains_nothing_and_leaves_
     (run,) = mlflow.tracking.MlflowClient(uri).search_runs(
         [mlflow.tracking.MlflowClient(uri).get_experiment_by_name("ones").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["ones.restarts"] == "0"
+
+
+# ----------------------------------------------------------------------------------- gradient accumulation
+
+
+def _run_steps(session: TrainingSession, x, y, micro_sizes: list[list[int]] | None = None) -> torch.nn.Module:
+    """``_run`` on the accumulating loop (``steps()``), in float64 so that sums compare to rounding."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(x.shape[1], 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    with session:
+        model = session.prepare(model, opt)
+        for step in session.steps():
+            opt.zero_grad(set_to_none=True)
+            sizes = []
+            for idx in step:
+                sizes.append(len(idx))
+                loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx], reduction="sum") * session.loss_scale()
+                loss.backward()
+            opt.step()
+            if micro_sizes is not None:
+                micro_sizes.append(sizes)
+            session.step_done()
+            if session.epoch_ended and not session.stopped:
+                session.end_epoch(accuracy=0.0)
+    return model
+
+
+def test_an_accumulated_step_is_the_single_big_step(tmp_path):
+    """Linear regression, global batch 48 with max_per_gpu_batch 8: six micro-batches per step (the last step
+    of the epoch, 16 samples, two) train the same model as one backward over the 48, to rounding; the
+    one-process noise probe, which reads the accumulated gradient, ends with the same estimate."""
+    x, y = (t.double() for t in _linear_regression(208))
+    models, probes, sizes = [], [], []
+    for cap in (None, 8):
+        (tmp_path / str(cap)).mkdir()
+        spec = _spec(dataset_size=208, max_per_gpu_batch=cap, stopping=StoppingRule(StopKind.EPOCHS, epochs=2))
+        placement = Placement(spec=spec, rank=0, world_size=1, global_batch=48, lr=0.01, generation=0,
+                              state_dir=tmp_path / str(cap), tracking_uri=None, experiment="ones",
+                              noise_scale_budget=math.inf)
+        session = TrainingSession(placement, spec.dataset_size)
+        sizes.append([])
+        models.append(_run_steps(session, x, y, sizes[-1]))
+        probes.append(session._gns.smoother)
+        assert session.progress.samples_done == 2 * 208
+    assert sizes[0] == [[48]] * 4 + [[16]] + [[48]] * 4 + [[16]]
+    assert sizes[1] == [[8] * 6] * 4 + [[8, 8]] + [[8] * 6] * 4 + [[8, 8]]
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert probes[1].observations == probes[0].observations > 0
+    assert probes[1].grad_sqr == pytest.approx(probes[0].grad_sqr, rel=1e-9)
+    assert probes[1].grad_var == pytest.approx(probes[0].grad_var, rel=1e-9)
+
+
+def test_a_step_must_be_taken_whole():
+    from ones_pipeline.train.micro_batches import Step
+
+    step = Step(np.arange(10), 3, None)
+    parts = list(step)
+    assert [len(p) for p in parts] == [4, 3, 3] and np.concatenate(parts).tolist() == list(range(10))
+    partial = Step(np.arange(10), 3, None)
+    next(iter(partial))
+    with pytest.raises(RuntimeError, match="1 of the step's 3 micro-batches"):
+        partial.check_taken(0, 1)
+    # Several processes: a step whose synchronising forward did not go through the DDP wrapper.
+    with pytest.raises(RuntimeError, match="without calling the model"):
+        step.check_taken(1, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(dataset_size=st.integers(1, 150), seed=st.integers(0, 2**31), max_micro=st.integers(1, 6),
+       changes=st.lists(change, min_size=1, max_size=8), resume_after=st.integers(1, 40))
+def test_accumulation_changes_and_a_resume_keep_samples_and_order_exact(tmp_path_factory, dataset_size, seed,
+                                                                       max_micro, changes, resume_after):
+    """The accumulating loop under any sequence of batch changes, hence of accumulation counts (the
+    micro-batch cap ``max_micro``), and a stop and resume from the checkpoint after ``resume_after`` steps:
+    every micro-batch within the cap, each step in the fewest micro-batches, the exact samples and order."""
+    spec = JobSpec(name="p", model="mlp", dataset_size=dataset_size, per_gpu_batch=1, base_lr=0.01,
+                   max_per_gpu_batch=max_micro, stopping=StoppingRule(StopKind.EPOCHS, epochs=2))
+    placement = Placement(spec=spec, rank=0, world_size=1, global_batch=changes[0][0], lr=0.01, generation=0,
+                          state_dir=tmp_path_factory.mktemp("s"), tracking_uri=None, experiment="ones", seed=seed,
+                          noise_scale_budget=0.0)
+
+    def generation() -> TrainingSession:  # a new process: it restores the checkpoint, if any
+        session = TrainingSession(placement, dataset_size, checkpoint_interval_s=1e9)
+        model = torch.nn.Linear(1, 1)
+        session.prepare(model, torch.optim.SGD(model.parameters(), lr=0.01))
+        return session
+
+    session, seen, taken, accums = generation(), [], 0, set()
+    plan, left = list(changes), changes[0][1]
+    while not session.finished:
+        for step in session.steps():
+            assert len(step) == accumulation_for(session._batch_now, 1, max_micro)[1] + 1
+            accums.add(len(step))
+            for idx in step:
+                assert 0 < len(idx) <= max_micro
+                seen.extend(idx.tolist())
+            session.step_done()
+            taken += 1
+            left -= 1
+            if left == 0 and len(plan) > 1:  # the next change, at this step boundary
+                plan.pop(0)
+                session._use_batch(plan[0][0], lr_for_batch(spec, plan[0][0]))
+                left = plan[0][1]
+            if session.epoch_ended:
+                session.end_epoch(accuracy=0.0)
+            if taken == resume_after and not session.finished:
+                session._stop("KILLED")  # what a stop request does: checkpoint at this step boundary
+        if not session.finished:
+            session = generation()
+            assert session.progress.restarts == 1
+    order = EpochOrder(dataset_size, seed)
+    assert session.progress.samples_done == 2 * dataset_size
+    assert seen == np.concatenate([order.permutation(0), order.permutation(1)]).tolist()

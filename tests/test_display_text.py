@@ -37,6 +37,10 @@ def test_batch_line_names_the_slots_and_the_mlflow_line_names_the_run_once():
     batch = progress_line(req, {"event": "batch", "from": 64, "to": 96, "grad_noise_scale": 105.0,
                                 "predicted_gain": 1.07, "processes": 2, "generation": 1})
     assert "global batch 64 -> 96 on 2 CPU slots without a restart" in batch
+    accumulated = progress_line(req, {"event": "batch", "from": 64, "to": 256, "grad_noise_scale": 900.0,
+                                      "micro_batch": 64, "accum_steps": 1, "processes": 2, "generation": 1})
+    assert ("global batch 64 -> 256 (2 x 64 per process, accumulated over 2 micro-batches) on 2 CPU slots "
+            "without a restart") in accumulated
     mlflow = progress_line(req, {"event": "mlflow_run", "run_id": "abc123", "experiment_id": "1"})
     assert mlflow.startswith("j: MLflow run abc123 in sqlite:////tmp/x/mlflow.db (mlflow ui --backend-store-uri")
     assert mlflow.endswith("/#/experiments/1/runs/abc123?workflowType=machine_learning)")  # the training view

@@ -277,6 +277,25 @@ for _ in range(200):
     dist.all_reduce(sums)
     probe.observe(sums.tolist(), batch_size)
 print("SPARSE", s.observations, probe.interval, s.grad_sqr)
+# The same steps as the first loop, each in two micro-batches of the rank's share (the session's split), the
+# first under no_sync: the probe must see the step's whole local gradient, at the step's sample count.
+model, batch = linear_problem(0, sigma)
+probe = NoiseScaleProbe(world, rank, base_batch=8, dataset_size=10**9, budget=math.inf)
+probe.smoother = NoiseScaleSmoother(1e12)
+ddp = torch.nn.parallel.DistributedDataParallel(model)
+probe.attach(ddp)
+cut = start + shard_bounds(stop - start, 0, 2)[1]
+for _ in range(STEPS // 2):
+    x, y = batch(batch_size)
+    ddp.zero_grad(set_to_none=True)
+    with ddp.no_sync():
+        (0.5 * (ddp(x[start:cut])[:, 0] - y[start:cut]).pow(2).sum() * (world / batch_size)).backward()
+    (0.5 * (ddp(x[cut:stop])[:, 0] - y[cut:stop]).pow(2).sum() * (world / batch_size)).backward()
+    sums = torch.tensor(probe.local_statistic(batch_size), dtype=torch.float64)
+    dist.all_reduce(sums)
+    probe.observe(sums.tolist(), batch_size)
+s = probe.smoother
+print("ACCUM", s.grad_sqr, s.grad_var, s.noise_scale(), s.observations, probe.interval)
 dist.destroy_process_group()
 """
 
@@ -300,6 +319,12 @@ def test_ddp_probe_sees_local_and_averaged_gradients_and_matches_the_closed_form
     assert sqr == pytest.approx(true_sqr, rel=TOLERANCE)
     assert var == pytest.approx(true_var, rel=TOLERANCE)
     assert gns == pytest.approx(true_var / true_sqr, rel=TOLERANCE)
+    # With accumulation (two micro-batches, the first under no_sync) the same estimate, to rounding.
+    accum = [tuple(float(v) for v in line.split()[1:]) for out in outs for line in out.splitlines()
+             if line.startswith("ACCUM")]
+    assert len(accum) == 2 and accum[0] == accum[1]
+    assert accum[0][3:] == (observations, interval)
+    assert accum[0][:3] == pytest.approx(results[0][:3], rel=1e-9)
 
 
 # ------------------------------------------------------------------ the session: switch, checkpoints, MLflow

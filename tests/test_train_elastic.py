@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -219,3 +220,89 @@ def test_launcher_stops_its_ranks_when_the_scheduler_asks_its_generation(tmp_pat
     asker.join()
     assert 3.0 <= time.monotonic() - t0 < 20.0  # not stopped by generation 6's request; stopped by its own
     assert (state / "stopped-0").exists() and (state / "stopped-1").exists()
+
+
+def test_a_rank_with_an_empty_share_still_joins_the_gradient_all_reduce(tmp_path):
+    """The CI crash (gloo "collective mismatch", 151308 vs 8 bytes): 1437 = 359 x 4 + 1, so with global batch 4
+    on 2 processes every epoch ends on a step of 1 sample, which leaves rank 1 nothing. A rank that skips the
+    forward there skips DDP's gradient all-reduce too (DDP joins it only after a forward through its wrapper),
+    and meets its peer's all-reduce with the epoch end's next collective instead."""
+    cmd = [sys.executable, "-m", "ones_pipeline.train", "--model", "mlp-digits", "--name", "empty", "--epochs", "1",
+           "--per-gpu-batch", "2", "--slots", "2", "--global-batch", "4", "--state-dir", str(tmp_path / "s")]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert load_checkpoint(tmp_path / "s")["progress"]["samples_done"] == 1437
+
+
+ACCUM_DRIVER = """
+import json, os, sys
+os.environ["ONES_TUNE_BATCH"] = "1"  # the command line's allocation does not tune; this job does
+from ones_pipeline.train import batch_tuning, builtin, micro_batches
+
+def choose(self, current, grad_noise_scale):  # rank 0 at every epoch end: a batch that must accumulate
+    return None if current == {batch} else batch_tuning.BatchChange(current, {batch}, grad_noise_scale, None,
+                                                                    *self.split({batch}))
+
+batch_tuning.BatchTuner.choose = choose
+log = open(os.path.join(os.environ["ONES_STATE_DIR"], "seen-" + os.environ["ONES_RANK"] + ".jsonl"), "a")
+taken = micro_batches.Step.__iter__
+
+def logged(self):  # every micro-batch the built-in loop trains on, one line per optimizer step
+    parts = []
+    for idx in taken(self):
+        parts.append(idx.tolist())
+        yield idx
+    log.write(json.dumps(parts) + "\\n")
+    log.flush()
+
+micro_batches.Step.__iter__ = logged
+sys.exit(builtin.main())
+"""
+
+
+def test_builtin_job_switches_to_accumulation_mid_run_and_resumes_with_exact_samples(tmp_path):
+    """mlp-digits on 2 processes with max_per_gpu_batch 8: at an epoch end the job moves from 16 to 48 (24 per
+    process: 3 micro-batches of 8); stopped mid-epoch while accumulating, resumed at the allocation's batch
+    (every rank from the same source), it switches again at its first epoch end. Every sample once per
+    epoch, in the epochs' order, each micro-batch within the cap."""
+    import json
+
+    from ones_pipeline.train.sampler import EpochOrder
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(ACCUM_DRIVER.format(batch=48))
+    spec = {"name": "accum", "model": "mlp-digits", "dataset_size": 1437, "per_gpu_batch": 8, "base_lr": 0.05,
+            "max_lr": 0.4, "max_per_gpu_batch": 8, "requested_gpus": 2, "stopping": {"kind": "epochs", "epochs": 4},
+            "command": ["python", str(driver)]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    state, uri = tmp_path / "state", f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def cmd(generation):
+        return [sys.executable, "-m", "ones_pipeline.train", "--spec", str(tmp_path / "spec.json"), "--slots", "2",
+                "--global-batch", "16", "--generation", str(generation), "--state-dir", str(state),
+                "--tracking-uri", uri, "--grace-period", "20"]
+
+    code, _ = run_until_checkpoint_then_stop(cmd(0), state, after_epochs=1.5)  # the second epoch's end
+    assert code == 0
+    mid = load_checkpoint(state)["progress"]
+    assert mid["samples_done"] % 1437 and mid["global_batch"] == 48  # stopped mid-epoch, accumulating
+    assert subprocess.run(cmd(1), cwd=ROOT, timeout=300).returncode == 0
+    final = load_checkpoint(state)["progress"]
+    assert final["samples_done"] == 4 * 1437 and final["finished"] and final["restarts"] == 1
+
+    ranks = [[json.loads(line) for line in (state / f"seen-{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1])  # the same optimizer steps on both ranks
+    assert {len(step) for step in ranks[0]} == {1, 3}  # without and with accumulation
+    assert max(len(part) for rank in ranks for step in rank for part in step) <= 8
+    order = EpochOrder(1437, seed=0)
+    trained = [i for s0, s1 in zip(*ranks, strict=True) for part in s0 + s1 for i in part]
+    assert trained == np.concatenate([order.permutation(e) for e in range(4)]).tolist()
+    rows = [json.loads(line) for line in (state / "progress.jsonl").read_text().splitlines()]
+    switches = [r for r in rows if r["event"] == "batch"]
+    assert [(r["from"], r["to"], r["micro_batch"], r["accum_steps"], r["generation"]) for r in switches] == \
+        [(16, 48, 8, 2, 0), (16, 48, 8, 2, 1)]
+    progress = read_progress(uri, "ones", ["accum"])["accum"]
+    assert [(o.num_gpus, o.per_gpu_batch) for o in progress.throughput_obs] == [(2, 8)]  # the micro-batch
+    assert 2.0 in {v for _, v in metric_history(uri, progress.run_id, "accum_steps")}
+    tag = mlflow.tracking.MlflowClient(uri).get_run(progress.run_id).data.tags["ones.batch"]
+    assert tag.startswith("global batch 16 -> 48 (3 x 8 per slot, accumulated over 3 micro-batches) on 2 CPU slots")

@@ -337,7 +337,9 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
         if after is not None:
             spec = inputs.specs[job]
             batch = min(int(after.global_batch), spec.global_batch_cap)
-            if spec.max_per_gpu_batch is not None:  # the live step has no gradient accumulation (yet)
+            # A generation starts within max_per_gpu_batch per process: a user's script on ``batches()`` cannot
+            # accumulate gradients; one on ``steps()`` (the built-in ones) re-tunes above it in-process.
+            if spec.max_per_gpu_batch is not None:
                 batch = min(batch, spec.max_per_gpu_batch * len(after_ids))
             generation = max((r.generation for r in current.by_job.get(job, [])), default=-1) + 1
             allocation = RunAllocation.make(spec, after_ids, inputs.device, batch, generation, state.submit[job],

@@ -168,9 +168,12 @@ def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
         gns, gain = row.get("grad_noise_scale"), row.get("predicted_gain")
         why = f"noise scale {gns:.0f} samples" if gns else "no noise scale measured yet"
         gain_text = f", predicted goodput x{gain:.2f}" if gain else ""
+        micro, accum = row.get("micro_batch"), row.get("accum_steps") or 0
+        split = f" ({accum + 1} x {micro} per process, accumulated over {accum + 1} micro-batches)" \
+            if accum and micro else ""
         return (f"{req.spec.name} generation {row.get('generation')}: global batch {row.get('from')} -> "
-                f"{row.get('to')} on {_slots(req, row.get('processes'))} without a restart: goodput-optimal at "
-                f"{why}{gain_text}")
+                f"{row.get('to')}{split} on {_slots(req, row.get('processes'))} without a restart: goodput-optimal "
+                f"at {why}{gain_text}")
     if row.get("event") == "stopped":  # rank 0 checkpointed on a stop request (a preemption or resize)
         return (f"{req.spec.name} generation {row.get('generation')}: stopped with a checkpoint at "
                 f"{int(row.get('samples') or 0)} samples (epoch {_epoch(req, row.get('epoch'))})")

@@ -16,6 +16,12 @@ In each process::
 
 The loss is summed over the rank's samples and ``loss_scale()`` weights it so that DDP's gradient average
 is the gradient of the mean loss over the step's global batch, also for the short last batch of an epoch.
+A rank with an empty share still calls the model, on zero samples: DDP all-reduces in ``backward`` only
+after a forward through its wrapper (``step_done`` raises where a rank skipped it: its peers would wait
+in an all-reduce it never joins). A script that takes its steps from ``steps()`` instead (``for step in
+session.steps(): zero_grad; for batch_idx in step: ...backward; step(); step_done``) trains a per-GPU batch
+above ``max_per_gpu_batch`` by gradient accumulation (``micro_batches``); on ``batches()`` it never
+accumulates, and the batch tuner keeps the per-GPU batch within ``max_per_gpu_batch``.
 The session counts progress in samples, so a restart with another number of processes or another
 global batch continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the
 launcher's stop file, or the launcher's disappearance) is agreed on by all ranks at the next step boundary
@@ -28,7 +34,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import math
 import os
 import signal
 import time
@@ -43,13 +48,14 @@ import torch.distributed as dist
 from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
 from ones_pipeline.core.types import StopKind, lr_for_batch
-from ones_pipeline.train.batch_tuning import BatchTuner
+from ones_pipeline.train.batch_tuning import BatchChange, BatchTuner, as_observation
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from ones_pipeline.train.micro_batches import Step
 from ones_pipeline.train.noise_probe import NoiseScaleProbe
 from ones_pipeline.train.placement import Placement, spec_from_json, spec_to_json, system_metrics
 from ones_pipeline.train.sampler import EpochOrder
 
-__all__ = ["Placement", "Progress", "TrainingSession", "spec_from_json", "spec_to_json", "system_metrics"]
+__all__ = ["Placement", "Progress", "Step", "TrainingSession", "spec_from_json", "spec_to_json", "system_metrics"]
 
 log = logging.getLogger("ones_pipeline.train")
 
@@ -97,7 +103,12 @@ class TrainingSession:
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._run = None
-        self._step_times: list[float] = []
+        self._step_times: list[float] = []  # steady-state optimizer steps at the current batch, s
+        self._micro_times: list[float] = []  # ... accumulating: their micro-batches before the last, s each
+        self._step: Step | None = None  # the step handed out last, and when its last micro-batch was:
+        self._t_last: float | None = None
+        self._retune_to = 0  # the batch rank 0 chose at this evaluation point (0: none), from ``_agree``
+        self._change: BatchChange | None = None  # rank 0: that choice, for the report
         self._steps_since_start = 0
         self._last_ckpt = time.monotonic()
         self._t_step = None
@@ -177,6 +188,8 @@ class TrainingSession:
             model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self._model = model
+        if self.p.world_size > 1:
+            model.register_forward_pre_hook(self._on_forward)
         self._gns.attach(model)
         # A generation that finds the job finished trains nothing: its MLflow run is left as it ended.
         if self.is_main and self.p.tracking_uri and not self.finished:
@@ -220,26 +233,29 @@ class TrainingSession:
             pr.lr_from = lr
         pr.lr_to, pr.global_batch, self.global_batch = lr, batch, batch
 
-    def _retune(self) -> None:
-        """At an evaluation point: the goodput-optimal batch for this allocation (``batch_tuning``), chosen
-        by rank 0 and broadcast, so every rank switches at the same step boundary."""
+    def _retune_choice(self) -> float:
+        """At an evaluation point, before the step's ``_agree``: rank 0's goodput-optimal batch for this
+        allocation (``batch_tuning``), 0 for none. It reaches the other ranks as a term of that all-reduce
+        (the others add 0), so choosing costs no collective of its own that a rank could be out of step with."""
         if not self._tuner.enabled:
-            return
-        self._tuner.record(self.global_batch, self._step_times)
-        change = self._tuner.choose(self.global_batch, self._gns.smoother.noise_scale()) if self.is_main else None
-        new = change.new if change is not None else self.global_batch
-        if self.p.world_size > 1:
-            t = torch.tensor([new], dtype=torch.int64, device=self.device)
-            dist.broadcast(t, src=0)
-            new = int(t.item())
-        if new == self.global_batch:
+            return 0.0
+        self._tuner.record(self.global_batch, self._step_times, self._micro_times)  # every rank: same record
+        self._change = self._tuner.choose(self.global_batch, self._gns.smoother.noise_scale()) \
+            if self.is_main else None
+        return float(self._change.new) if self._change is not None else 0.0
+
+    def _retune(self) -> None:
+        """Every rank: switch to the batch agreed at this evaluation point (``_retune_choice``), if any."""
+        new, change = self._retune_to, self._change
+        self._retune_to, self._change = 0, None
+        if not new or new == self.global_batch:
             return
         self._use_batch(new, lr_for_batch(self.spec, new))
         self._set_lr()
-        self._step_times, self._steps_since_start = [], 0  # steady state again at the new batch
+        self._step_times, self._micro_times, self._steps_since_start = [], [], 0  # steady state again
         if change is not None:  # rank 0
             n, word = self.p.world_size, "GPU" if self.p.device == "cuda" else "CPU slot"
-            text = change.text(f"{n} {word}{'' if n == 1 else 's'}")
+            text = change.text(f"{n} {word}{'' if n == 1 else 's'}", per="GPU" if word == "GPU" else "slot")
             log.info("%s: %s", self.spec.name, text)
             self._report({**change.to_dict(), "processes": self.p.world_size, "generation": self.p.generation,
                           "samples": self.progress.samples_done})
@@ -258,34 +274,60 @@ class TrainingSession:
 
         That is ``world_size / B``, ``B`` being the samples the step takes across all ranks: the global
         batch, or fewer at the end of an epoch. It is the same on every rank whatever its share (the sum
-        already counts a rank's samples; an empty share contributes a zero loss).
+        already counts a rank's samples; an empty share contributes a zero loss), and the same for every
+        micro-batch of a step (``steps()``): their gradients add up to the step's.
         """
         return self.p.world_size / max(self._batch_now, 1)
 
     def batches(self) -> Iterator[np.ndarray]:
-        """Yield this rank's sample indices for each step until the job finishes or is stopped."""
+        """Yield this rank's sample indices for each step until the job finishes or is stopped (one
+        micro-batch per step: a script on this loop never accumulates gradients)."""
+        for step in self._take_steps():
+            step.taken = 1
+            yield step.indices
+
+    def steps(self) -> Iterator[Step]:
+        """Yield each optimizer step until the job finishes or is stopped: iterate it for its micro-batches
+        (``micro_batches.Step``). Using this loop tells the session that the script accumulates gradients."""
+        self._tuner.accumulates = True
+        yield from self._take_steps()
+
+    def _take_steps(self) -> Iterator[Step]:
         while not self.finished and not self.stopped:
             if self._pending_stop:  # the script did not call end_epoch: stop now
                 self._stop("KILLED")
                 break
             pr = self.progress
             if pr.position >= self.dataset_size:
-                pr.epoch += 1
-                pr.position = 0
+                pr.epoch, pr.position = pr.epoch + 1, 0
             self.epoch_ended = False
-            remaining = self.dataset_size - pr.position
-            self._batch_now = min(self.global_batch, remaining)
+            self._batch_now = min(self.global_batch, self.dataset_size - pr.position)
             idx = self.order.batch_indices(pr.epoch, pr.position, self.global_batch, self.p.rank, self.p.world_size)
-            self._t_step = time.perf_counter()
-            yield idx
+            # The step's micro-batches from its own sample count: a short last step needs fewer.
+            self._step = Step(idx, self._tuner.split(self._batch_now)[1] + 1, self._model, self._last_micro_batch)
+            self._t_last, self._t_step = None, time.perf_counter()
+            yield self._step
             if self._t_step is not None:  # step_done was not called: do its bookkeeping anyway
                 self.step_done()
+
+    def _last_micro_batch(self) -> None:
+        self._t_last = time.perf_counter()
+
+    def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
+        """DDP wrapper's forward pre-hook: count the forwards whose backward will all-reduce."""
+        if self._step is not None and torch.is_grad_enabled() and getattr(module, "require_backward_grad_sync", True):
+            self._step.synced_forwards += 1
 
     def step_done(self, loss: float | None = None) -> None:
         """Account for the step just taken; decide (all ranks together) whether to stop."""
         if self._t_step is None:
             return
-        elapsed = time.perf_counter() - self._t_step
+        now = time.perf_counter()
+        self._step.check_taken(self.p.rank, self.p.world_size)
+        micro = len(self._step)
+        elapsed, before_last = now - self._t_step, None  # the whole step, and one micro-batch before the last
+        if micro > 1 and self._t_last is not None:
+            before_last = (self._t_last - self._t_step) / (micro - 1)
         self._t_step = None
         pr = self.progress
         pr.position += self._batch_now
@@ -293,8 +335,9 @@ class TrainingSession:
         pr.steps_done += 1
         self._steps_since_start += 1
         if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
-            self._step_times.append(elapsed)
-            self._step_times = self._step_times[-THROUGHPUT_WINDOW:]
+            self._step_times = [*self._step_times[1 - THROUGHPUT_WINDOW:], elapsed]
+            if before_last is not None:
+                self._micro_times = [*self._micro_times[1 - THROUGHPUT_WINDOW:], before_last]
         self._set_lr()
         # An evaluation point: the end of an epoch, or the sample budget of an epochs/samples rule
         # reached mid-epoch (e.g. 0.5 epochs).
@@ -303,8 +346,10 @@ class TrainingSession:
             self._last_loss = float(loss)
         ckpt_due = time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended
         local_gns = self._gns.local_statistic(self._batch_now)  # summed over ranks in the same all-reduce
-        stop, ckpt_due, summed_gns = self._agree(self._stop_wanted(), ckpt_due, totals=local_gns)
-        self._gns.observe(summed_gns, self._batch_now)
+        retune = self._retune_choice() if self.epoch_ended else 0.0  # rank 0's; the others add 0
+        stop, ckpt_due, sums = self._agree(self._stop_wanted(), ckpt_due, totals=[*local_gns, retune])
+        self._gns.observe(sums[:-1], self._batch_now)
+        self._retune_to = int(round(sums[-1]))
         if stop and self.epoch_ended:
             # Evaluate the finished epoch first (end_epoch), then stop: a resume must not skip it.
             self._pending_stop = True
@@ -333,21 +378,30 @@ class TrainingSession:
 
     # -- reporting ----------------------------------------------------------------------------------
     def throughput(self) -> float | None:
-        """Steady-state samples/s (median step time of the recent window), None before steady state."""
+        """Steady-state samples/s (median optimizer-step time of the recent window), None before steady state."""
         if len(self._step_times) < 2:
             return None
         return self.global_batch / float(np.median(self._step_times))
 
     def metrics(self) -> dict[str, float]:
+        """The logged metrics. ``per_gpu_batch``, ``step_time_s`` and ``sync_time_s`` are the throughput
+        model's terms (``batch_tuning.as_observation``): the micro-batch per GPU, and for an accumulating step
+        the synchronising micro-batch and update, not the whole optimizer step (``samples_per_s`` is real)."""
         pr = self.progress
+        micro, accum = self._tuner.split(self.global_batch)
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
                "global_batch": float(self.global_batch), "gpus": float(self.p.world_size),
-               "lr": self.current_lr(), "per_gpu_batch": float(math.ceil(self.global_batch / self.p.world_size)),
+               "lr": self.current_lr(), "per_gpu_batch": float(micro), "accum_steps": float(accum),
                "num_nodes": float(self.p.num_nodes), **self._gns.metrics()}
         tp = self.throughput()
         if tp is not None:
             out["samples_per_s"] = tp
-            out["step_time_s"] = float(np.median(self._step_times))
+            micro_s = float(np.median(self._micro_times)) if accum and self._micro_times else None
+            obs = as_observation((self.p.world_size, self.p.num_nodes, micro, accum),
+                                 float(np.median(self._step_times)), micro_s)
+            out["step_time_s"] = obs.step_time_s
+            if accum:
+                out["sync_time_s"] = obs.sync_time_s
         if getattr(self, "_last_loss", None) is not None:
             out["loss"] = self._last_loss
         out.update(system_metrics(self.p.device == "cuda"))

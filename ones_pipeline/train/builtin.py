@@ -3,7 +3,9 @@
 ``JobSpec.model`` names a workload ``<model>-<dataset>``: ``mlp-digits``, ``cnn-digits`` (scikit-learn's
 digits, shipped with the package, so they train offline) and ``resnet18-cifar-synthetic`` (generated
 CIFAR-shaped tensors, for throughput runs on a GPU). Started by the launcher once per slot:
-``python -m ones_pipeline.train.builtin`` with the ``ONES_*`` environment.
+``python -m ones_pipeline.train.builtin`` with the ``ONES_*`` environment. It takes its steps in
+micro-batches (``TrainingSession.steps``), so the job can accumulate gradients when its batch tuner picks a
+per-GPU batch above ``max_per_gpu_batch``.
 """
 
 from __future__ import annotations
@@ -60,19 +62,18 @@ def main() -> int:
     with TrainingSession(placement, len(x_train)) as session:
         model = session.prepare(model, optimizer, params={"dataset": dataset_name})
         device = session.device
-        for idx in session.batches():
-            idx_t = torch.as_tensor(idx, dtype=torch.long)
-            if len(idx_t):
+        for step in session.steps():
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum, samples = 0.0, 0
+            for idx in step:  # micro-batches: all but the last accumulate without an all-reduce
+                idx_t = torch.as_tensor(idx, dtype=torch.long)
+                # Also on an empty share (zero samples, a zero loss): DDP all-reduces only after a forward.
                 out = model(x_train[idx_t].to(device))
                 loss = torch.nn.functional.cross_entropy(out, y_train[idx_t].to(device), reduction="sum")
-                loss_value = float(loss.detach()) / len(idx_t)
-            else:  # this rank has no sample in this step: contribute a zero gradient
-                loss = sum(p.sum() * 0.0 for p in model.parameters())
-                loss_value = None
-            optimizer.zero_grad(set_to_none=True)
-            (loss * session.loss_scale()).backward()
+                (loss * session.loss_scale()).backward()
+                loss_sum, samples = loss_sum + float(loss.detach()), samples + len(idx_t)
             optimizer.step()
-            session.step_done(loss=loss_value)
+            session.step_done(loss=loss_sum / samples if samples else None)
             if session.progress.steps_done % LOG_EVERY_STEPS == 0:
                 session.log_step_metrics()
             if session.epoch_ended and not session.stopped:

@@ -11,10 +11,16 @@ One process: the gradient in ``.grad`` is flattened at ``step_done`` and paired 
 squared norms and dot product, one 2 x n matrix-vector product): two steps stand in for two replicas.
 
 Both read ``.grad`` at ``step_done``, after ``optimizer.step()``: a script must clear gradients before
-``backward`` (as the built-in workloads do), not between ``step()`` and ``step_done``. Assumed, not checked:
-one ``backward`` per step (with gradient accumulation the hooks would add up the micro-batches' squared
-norms, not the square of their sum), dense gradients, no clipping and no loss scaling of the gradients
-(the hooks would see them before, ``.grad`` after).
+a step's first ``backward`` (as the built-in workloads do), not between ``step()`` and ``step_done``.
+
+Gradient accumulation (``micro_batches``): the statistic is that of the step's whole local gradient, the sum
+over its micro-batches, at the step's sample count (a rank's share of the step is the same with or without
+accumulation). The micro-batches before the last run under DDP's ``no_sync()``: the hooks skip their
+backward (the wrapper's ``require_backward_grad_sync`` is off), which leaves their sum in ``.grad``, still
+this rank's own; in the last one, which all-reduces, a hook sees the new gradient before it is added to
+``.grad`` and squares the sum of the two. One process reads the accumulated ``.grad`` at ``step_done``
+anyway. Assumed, not checked: dense gradients, no clipping and no loss scaling of the gradients (the hooks
+would see them before, ``.grad`` after).
 
 Cost: measuring is a few passes over the gradient plus Python per parameter, which is a visible share of
 the step of a tiny model. The probe therefore times itself (CPU time) and measures one step (one pair of
@@ -114,6 +120,7 @@ class NoiseScaleProbe:
         self.interval = 1  # measure one step (one pair) in this many
         self._countdown = 0  # steps before the next measured one; 0: this step is measured
         self._params: list[torch.nn.Parameter] = []
+        self._model: torch.nn.Module | None = None  # the DDP wrapper: its flag says whether a backward syncs
         self._handles: list[Any] = []  # this step's gradient hooks (several processes, measured steps only)
         self._local: list[torch.Tensor] = []  # squared norms of this step's local gradients, per parameter
         self._prev: tuple[int, torch.Tensor] | None = None  # one process: the stored step's samples, |g_1|^2
@@ -139,17 +146,22 @@ class NoiseScaleProbe:
     def attach(self, model: torch.nn.Module) -> None:
         """Measure the gradients of ``model`` (the DDP wrapper or the bare module)."""
         if self.enabled:
+            self._model = model
             self._params = [p for p in model.parameters() if p.requires_grad]
             self._arm()
 
     def _arm(self) -> None:
         """Hook the parameters for the coming step when it is measured (several processes)."""
         if self.world_size > 1 and self._countdown == 0 and not self._handles:
-            self._handles = [p.register_hook(self._on_local_grad) for p in self._params]
+            self._handles = [p.register_hook(functools.partial(self._on_local_grad, p)) for p in self._params]
 
-    def _on_local_grad(self, grad: torch.Tensor) -> None:
+    def _on_local_grad(self, param: torch.nn.Parameter, grad: torch.Tensor) -> None:
+        if not getattr(self._model, "require_backward_grad_sync", True):
+            return  # a micro-batch under no_sync: its gradient waits in .grad for the synchronising one
         t0 = _clock()
         flat = grad.detach().reshape(-1)
+        if param.grad is not None:  # the step's earlier micro-batches (this rank's, not all-reduced)
+            flat = flat + param.grad.detach().reshape(-1)
         self._local.append(torch.dot(flat, flat))
         self._cost_s += _clock() - t0
 
