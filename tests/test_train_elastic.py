@@ -199,9 +199,13 @@ def test_launcher_stops_its_ranks_when_the_scheduler_asks_its_generation(tmp_pat
     from ones_pipeline.train.launcher import LaunchRequest, launch
 
     script = tmp_path / "rank.py"  # a rank that trains until its stop file appears, then writes its marker
-    script.write_text("import os, pathlib, time\nstop = pathlib.Path(os.environ['ONES_STOP_FILE'])\n"
+    script.write_text("import json, os, pathlib, time\nstate = pathlib.Path(os.environ['ONES_STATE_DIR'])\n"
+                      "if os.environ['ONES_RANK'] == '0':  # its first training step, as TrainingSession reports it\n"
+                      "    with open(state / 'progress.jsonl', 'a') as fh:\n"
+                      "        fh.write(json.dumps({'event': 'training', 'generation': 7}) + '\\n')\n"
+                      "stop = pathlib.Path(os.environ['ONES_STOP_FILE'])\n"
                       "while not stop.exists():\n    time.sleep(0.05)\n"
-                      "pathlib.Path(os.environ['ONES_STATE_DIR'], 'stopped-' + os.environ['ONES_RANK']).touch()\n")
+                      "(state / ('stopped-' + os.environ['ONES_RANK'])).touch()\n")
     spec = JobSpec(name="asked", model="custom", dataset_size=10, per_gpu_batch=1, max_lr=1.0,
                    command=(sys.executable, str(script)))
     state = tmp_path / "state"
@@ -306,3 +310,30 @@ def test_builtin_job_switches_to_accumulation_mid_run_and_resumes_with_exact_sam
     assert 2.0 in {v for _, v in metric_history(uri, progress.run_id, "accum_steps")}
     tag = mlflow.tracking.MlflowClient(uri).get_run(progress.run_id).data.tags["ones.batch"]
     assert tag.startswith("global batch 16 -> 48 (3 x 8 per slot, accumulated over 3 micro-batches) on 2 CPU slots")
+
+
+def test_a_planned_stop_before_any_training_step_kills_the_ranks_at_once_and_is_clean(tmp_path):
+    """Ranks still starting up (importing torch, loading the checkpoint: slower than the grace period on a
+    loaded machine) when the scheduler's request comes have changed nothing since the checkpoint: the
+    launcher kills them at once, records the stop for the orchestrator, and exits 0."""
+    import json
+    import threading
+
+    from ones_pipeline.config.layout import preempt_request_file
+    from ones_pipeline.core.types import JobSpec
+    from ones_pipeline.scheduler import RunAllocation
+    from ones_pipeline.train.launcher import LaunchRequest, launch
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(120)\n")  # never reaches a training step
+    spec = JobSpec(name="slow", model="custom", dataset_size=10, per_gpu_batch=1, max_lr=1.0,
+                   command=(sys.executable, str(script)))
+    state = tmp_path / "state"
+    state.mkdir()
+    asker = threading.Timer(2.0, lambda: preempt_request_file(state, 3).write_text('{"reason": "shrink 2 -> 1"}'))
+    asker.start()
+    t0 = time.monotonic()
+    assert launch(LaunchRequest(RunAllocation.make(spec, (0, 1), "cpu", 2, 3), state, grace_period_s=60.0)) == 0
+    assert time.monotonic() - t0 < 20.0  # not the 60 s grace period
+    rows = [json.loads(line) for line in (state / "progress.jsonl").read_text().splitlines()]
+    assert rows[-1]["event"] == "stopped" and rows[-1]["before_training"] and rows[-1]["generation"] == 3

@@ -172,9 +172,14 @@ def _last_event(launcher: StepLauncher, allocation: RunAllocation, since_s: floa
 def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocation, stopped: dict) -> None:
     """A planned preemption: say so in the run log and on the run (tag ``ones/outcome``). The reason is in
     the line the apply run logged on this run just before ("preempted by ones: <reason> ...")."""
-    message = (f"preempted by ones: {allocation.job} generation {allocation.generation} checkpointed at "
-               f"{int(stopped.get('samples', 0))} samples (epoch {float(stopped.get('epoch') or 0):.2f}); it resumes "
-               "from the checkpoint in a new generation when the scheduler gives it slots again")
+    where = f"{allocation.job} generation {allocation.generation}"
+    if stopped.get("before_training"):  # still starting up: the job's last checkpoint is unchanged
+        message = (f"preempted by ones: {where} stopped while starting up, before it trained; it resumes from its "
+                   "last checkpoint in a new generation when the scheduler gives it slots again")
+    else:
+        message = (f"preempted by ones: {where} checkpointed at {int(stopped.get('samples') or 0)} samples (epoch "
+                   f"{float(stopped.get('epoch') or 0):.2f}); it resumes from the checkpoint in a new generation "
+                   "when the scheduler gives it slots again")
     context.log.info(message)
     context.instance.add_run_tags(context.run.run_id, {TAG_OUTCOME: "preempted, checkpointed"})
 

@@ -14,19 +14,19 @@ In each process::
             if session.epoch_ended:
                 session.end_epoch(accuracy=..., loss=...)   # the script's evaluation: stopping rule, checkpoint
 
-The loss is summed over the rank's samples and ``loss_scale()`` weights it so that DDP's gradient average
-is the gradient of the mean loss over the step's global batch, also for the short last batch of an epoch.
-A rank with an empty share still calls the model, on zero samples: DDP all-reduces in ``backward`` only
-after a forward through its wrapper (``step_done`` raises where a rank skipped it: its peers would wait
-in an all-reduce it never joins). A script that takes its steps from ``steps()`` instead (``for step in
-session.steps(): zero_grad; for batch_idx in step: ...backward; step(); step_done``) trains a per-GPU batch
-above ``max_per_gpu_batch`` by gradient accumulation (``micro_batches``); on ``batches()`` it never
-accumulates, and the batch tuner keeps the per-GPU batch within ``max_per_gpu_batch``.
-The session counts progress in samples, so a restart with another number of processes or another
-global batch continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the
-launcher's stop file, or the launcher's disappearance) is agreed on by all ranks at the next step boundary
-(at an epoch's end, after ``end_epoch`` has recorded its evaluation): rank 0 writes a checkpoint and ends
-the MLflow run as KILLED; ``batches()`` then ends and ``stopped`` is True.
+The loss is summed over the rank's samples and ``loss_scale()`` weights it so that DDP's gradient average is the
+gradient of the mean loss over the step's global batch, also for the short last batch of an epoch. A rank with an
+empty share still calls the model, on zero samples: DDP all-reduces in ``backward`` only after a forward through its
+wrapper (``step_done`` raises where a rank skipped it: its peers would wait in an all-reduce it never joins). A
+script that takes its steps from ``steps()`` instead (``for step in session.steps(): zero_grad; for batch_idx in
+step: ...backward; step(); step_done``) trains a per-GPU batch above ``max_per_gpu_batch`` by gradient accumulation
+(``micro_batches``); on ``batches()`` it never accumulates, and the batch tuner keeps the per-GPU batch within
+``max_per_gpu_batch``.
+The session counts progress in samples, so a restart with another number of processes or another global batch
+continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the launcher's stop file, or the
+launcher's disappearance) is agreed on by all ranks at the next step boundary (at an epoch's end, after
+``end_epoch`` has recorded its evaluation): rank 0 writes a checkpoint and ends the MLflow run as KILLED;
+``batches()`` then ends and ``stopped`` is True.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class TrainingSession:
         self._t_last: float | None = None
         self._retune_to = 0  # the batch rank 0 chose at this evaluation point (0: none), from ``_agree``
         self._change: BatchChange | None = None  # rank 0: that choice, for the report
-        self._steps_since_start = 0
+        self._steps_since_start = self._steps_here = 0  # since the last batch change / in this process
         self._last_ckpt = time.monotonic()
         self._t_step = None
         self._prev_handlers: dict[int, Any] = {}
@@ -212,7 +212,6 @@ class TrainingSession:
                 self._run.set_tags(slurm_tags)
         return model
 
-    # -- LR -----------------------------------------------------------------------------------------
     def current_lr(self) -> float:
         pr = self.progress
         start, end = (pr.lr_from if pr.lr_from is not None else self.p.lr,
@@ -267,7 +266,6 @@ class TrainingSession:
         for group in self._optimizer.param_groups:
             group["lr"] = lr
 
-    # -- data ---------------------------------------------------------------------------------------
     def loss_scale(self) -> float:
         """Factor for this step's loss summed over this rank's samples, so that DDP's gradient average
         (over ``world_size`` ranks) equals the gradient of the mean loss over the step's global batch.
@@ -333,7 +331,10 @@ class TrainingSession:
         pr.position += self._batch_now
         pr.samples_done += self._batch_now
         pr.steps_done += 1
+        if self._steps_here == 0 and self.is_main:  # for the launcher: from this step on, a kill would lose work
+            self._report({"event": "training", "samples": pr.samples_done, "generation": self.p.generation})
         self._steps_since_start += 1
+        self._steps_here += 1
         if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
             self._step_times = [*self._step_times[1 - THROUGHPUT_WINDOW:], elapsed]
             if before_last is not None:
@@ -376,7 +377,6 @@ class TrainingSession:
         values = t.tolist()
         return (*(v > 0 for v in values[:len(flags)]), values[len(flags):])
 
-    # -- reporting ----------------------------------------------------------------------------------
     def throughput(self) -> float | None:
         """Steady-state samples/s (median optimizer-step time of the recent window), None before steady state."""
         if len(self._step_times) < 2:

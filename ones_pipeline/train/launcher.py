@@ -177,8 +177,10 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     port = req.master_port or _free_port()
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
-    tail = _Tail(Path(req.state_dir) / PROGRESS_FILE) if on_event is not None else None
+    tail = _Tail(Path(req.state_dir) / PROGRESS_FILE)
     parent = os.getppid()
+    trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
+    killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
     procs = _start_ranks(req, port, stop_file)
     deadline: list[float] = []
 
@@ -193,22 +195,44 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     preempt = preempt_request_file(req.state_dir, req.allocation.generation)
 
     def relay(final: bool = False) -> None:
-        for row in tail.rows() if tail is not None else ():
-            on_event(row)
+        for row in tail.rows():
+            if row.get("event") == "training" and row.get("generation") == req.allocation.generation:
+                trained.append(True)
+            if on_event is not None:
+                on_event(row)
         if not final and not deadline and preempt.exists():
             log.info("job %s: the scheduler asks generation %d to stop (%s): checkpointing", req.spec.name,
                      req.allocation.generation, _preempt_reason(preempt))
             on_signal(signal.SIGTERM, None)
+            if not trained:
+                _stop_before_training(req, procs)
+                killed_clean.append(True)
 
     try:
         # Under Pipes (a Dagster run id), the process that started us is the run's step.
         return _supervise(req, procs, deadline, on_signal, relay,
-                          orphaned=lambda: req.dagster_run_id is not None and os.getppid() != parent)
+                          orphaned=lambda: req.dagster_run_id is not None and os.getppid() != parent,
+                          killed_clean=killed_clean)
     finally:
         relay(final=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
+
+
+def _stop_before_training(req: LaunchRequest, procs: list[subprocess.Popen]) -> None:
+    """A planned stop that reaches the ranks before any of them took a training step (they are still
+    importing torch, loading the checkpoint or meeting each other): no state has changed since the
+    checkpoint on disk, so they are killed at once instead of being waited for (a start-up under load can
+    outlast the grace period, and the kill would then read as a failure), and rank 0's launcher records
+    the stop for the orchestrator. The launcher then exits 0: a clean stop."""
+    log.info("job %s: generation %d had not trained yet: stopping its processes now (nothing to checkpoint)",
+             req.spec.name, req.allocation.generation)
+    _kill(procs)
+    if req.ranks is None or 0 in req.ranks:
+        with open(Path(req.state_dir) / PROGRESS_FILE, "a") as fh:
+            fh.write(json.dumps({"event": "stopped", "before_training": True, "samples": None, "epoch": None,
+                                 "generation": req.allocation.generation, "time_s": time.time()}) + "\n")
 
 
 def _preempt_reason(path: Path) -> str:
@@ -228,7 +252,8 @@ def _leader_ended_cleanly(req: LaunchRequest) -> bool:
 
 
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
-               relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False) -> int:
+               relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False,
+               killed_clean: Sequence[bool] = ()) -> int:
     """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others, and so does
     ``orphaned()`` turning true; ranks still running ``grace_period_s`` after the stop request, or after
     rank 0 ended cleanly, are killed."""
@@ -240,7 +265,7 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             next_relay = time.monotonic() + 1.0
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
-            return 0 if all(c == 0 for c in codes) else 1
+            return 0 if all(c == 0 for c in codes) or killed_clean else 1
         if lingering_since is None and (codes[0] == 0 and (req.ranks is None or 0 in req.ranks)
                                         or _leader_ended_cleanly(req)):
             lingering_since = time.monotonic()
