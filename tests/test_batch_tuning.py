@@ -78,6 +78,23 @@ def test_no_change_when_off_without_a_noise_scale_or_already_optimal():
     assert on.choose(best - 1, 5e4) is None and on.choose(best // 8, 5e4) is not None
 
 
+def test_a_batch_measured_worse_than_the_fit_promised_is_not_gone_back_to():
+    """The fit promises more goodput at 128 than at 32; measured, 128 is slower than that. Back at 32, the
+    job must not switch to 128 again on the fit's word: a batch this allocation has trained at counts at
+    its measured step time (seen live: 32 -> 128 -> 32 -> 128 ..., each change "x1.07" or better)."""
+    tuner = BatchTuner(_spec(max_global_batch=128), world_size=1, num_nodes=1, enabled=True)
+    tuner.step_times.update({(1, 1, 32, 0): 1e-3 + 32e-6})
+    gns = 5e4  # noisy enough that a large batch loses little statistical efficiency
+    first = tuner.choose(32, gns)
+    assert first is not None and first.new == 128  # only 32 measured: the fit's extrapolation decides
+    tuner.step_times[(1, 1, 128, 0)] = 4 * (1e-3 + 32e-6) * 1.3  # measured: 30 % slower per sample than 32
+    back = tuner.choose(128, gns)
+    assert back is not None and back.new < 128  # the measurement says the smaller batch is better
+    assert tuner._gain(tuner.observations(), gns, back.new, 128) < 1.0  # and 128 measured: not again
+    again = tuner.choose(back.new, gns)
+    assert again is None or again.new != 128
+
+
 def test_bounds_per_gpu_cap_without_accumulation_and_the_lr_cap():
     # max_per_gpu_batch 16 on 2 processes, a script that cannot accumulate: never more than 2 x 16.
     tuner = BatchTuner(_spec(max_per_gpu_batch=16), world_size=2, num_nodes=1, enabled=True)
