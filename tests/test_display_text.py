@@ -32,6 +32,16 @@ def test_epoch_line_counts_epochs_of_the_total_and_names_cpu_slots():
     assert "epoch 2.50, " in one_gpu and one_gpu.endswith("on 1 GPU")
 
 
+def test_start_and_stop_lines_of_a_generation_read_as_words():
+    req = _request(StoppingRule(StopKind.EPOCHS, epochs=12))
+    started = progress_line(req, {"event": "training", "samples": 2874, "generation": 1})
+    assert started == "j generation 1: training on 2 CPU slots from 2874 samples (epoch 2/12)"
+    stopped = progress_line(req, {"event": "stopped", "samples": 4311, "epoch": 3.0, "generation": 1})
+    assert stopped == "j generation 1: stopped with a checkpoint at 4311 samples (epoch 3/12)"
+    before = progress_line(req, {"event": "stopped", "before_training": True, "samples": None, "generation": 1})
+    assert before == "j generation 1: stopped while starting up, before it trained (its last checkpoint stands)"
+
+
 def test_batch_line_names_the_slots_and_the_mlflow_line_names_the_run_once():
     req = _request(StoppingRule(StopKind.EPOCHS, epochs=12))
     batch = progress_line(req, {"event": "batch", "from": 64, "to": 96, "grad_noise_scale": 105.0,

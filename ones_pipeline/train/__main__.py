@@ -174,6 +174,13 @@ def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
         return (f"{req.spec.name} generation {row.get('generation')}: global batch {row.get('from')} -> "
                 f"{row.get('to')}{split} on {_slots(req, row.get('processes'))} without a restart: goodput-optimal "
                 f"at {why}{gain_text}")
+    if row.get("event") == "training":  # rank 0's first step of this generation: its start-up is over
+        samples = int(row.get("samples") or 0)
+        return (f"{req.spec.name} generation {row.get('generation')}: training on {_slots(req, None)} from "
+                f"{samples} samples (epoch {_epoch(req, round(samples / max(req.spec.dataset_size, 1), 2))})")
+    if row.get("event") == "stopped" and row.get("before_training"):  # the launcher stopped it while starting
+        return (f"{req.spec.name} generation {row.get('generation')}: stopped while starting up, before it "
+                "trained (its last checkpoint stands)")
     if row.get("event") == "stopped":  # rank 0 checkpointed on a stop request (a preemption or resize)
         return (f"{req.spec.name} generation {row.get('generation')}: stopped with a checkpoint at "
                 f"{int(row.get('samples') or 0)} samples (epoch {_epoch(req, row.get('epoch'))})")
