@@ -301,3 +301,33 @@ def test_shrinking_a_running_job_costs_more_with_a_shrink_cost_factor():
     dear = _Ctx(*args, shrink_cost_factor=3.0).fitness(pop)
     assert dear[1] == plain[1]  # unchanged: no cost either way
     assert dear[0] > plain[0]
+
+
+def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
+    """The live A/B mix: a long job holds both slots with about 3 minutes left and a short job arrives. At the
+    full 120 s churn charge ones keeps the long job whole (the short one waits the 3 minutes); charged at
+    most ``restart_cost_fraction`` of its time left, the long job gives the short one a slot."""
+    from policy_helpers import spec as make_spec
+
+    from ones_pipeline.core.policies import make_policy
+    from ones_pipeline.core.policies.ones import _change_costs
+
+    cluster = Cluster.uniform(1, 2)
+    long = JobView(spec=make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0), status=JobStatus.RUNNING,
+                   submit_time_s=0.0, samples_done=5000, progress_samples=5000,
+                   throughput_obs=(ThroughputObs(2, 1, 16, 1.27, 0.1),))  # 25 samples/s: 5000 samples left
+    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
+                    submit_time_s=100.0)
+    current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
+    full = make_policy("ones", seed=0, restart_cost_fraction=0.0).decide(110.0, cluster, [long, short], current)
+    scaled = make_policy("ones", seed=0, restart_cost_fraction=0.25).decide(110.0, cluster, [long, short], current)
+    assert full.allocations["long"].gpus == (0, 1) and "short" not in full.allocations
+    assert len(scaled.allocations["long"].gpus) == 1 and len(scaled.allocations["short"].gpus) == 1
+    # The charge itself: f x time left, within [floor, restart_cost_s].
+    params = OnesParams(restart_cost_fraction=0.25)
+    table = np.array([[0.0, 10.0, 20.0], [0.0, 10.0, 20.0], [0.0, 10.0, 20.0]])
+    costs = _change_costs(params, table, np.array([1000.0, 40_000.0, 100.0]), np.array([2, 2, 0]),
+                          np.array([1, 1, 1]), None)
+    assert costs.tolist() == [30.0, 120.0, 30.0]  # 12.5 s -> floor; 500 s -> cap; queued: 10 s -> floor
+    assert _change_costs(OnesParams(), table, np.array([1000.0] * 3), np.array([2, 2, 0]), np.array([1] * 3),
+                         None).tolist() == [120.0] * 3

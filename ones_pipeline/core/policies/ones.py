@@ -97,6 +97,8 @@ class OnesParams(PolicyParams):
     max_scale_out: float | None = None
     recipe_first: bool = False
     shrink_cost_factor: float = 1.0
+    restart_cost_fraction: float = 0.0
+    restart_cost_floor_s: float = 30.0
 
     def __post_init__(self) -> None:
         n = self.policy
@@ -122,12 +124,33 @@ class OnesParams(PolicyParams):
             marginal_seed=check_bool(n, "marginal_seed", self.marginal_seed),
             job_batch=check_bool(n, "job_batch", self.job_batch),
             shrink_cost_factor=check_float(n, "shrink_cost_factor", self.shrink_cost_factor, 1.0),
+            restart_cost_fraction=check_float(n, "restart_cost_fraction", self.restart_cost_fraction, 0.0),
+            restart_cost_floor_s=check_float(n, "restart_cost_floor_s", self.restart_cost_floor_s, 0.0),
             recipe_first=check_bool(n, "recipe_first", self.recipe_first),
             max_scale_out=(None if self.max_scale_out is None else
                            check_float(n, "max_scale_out", self.max_scale_out, 1.0)),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+
+def _change_costs(c: OnesParams, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray, need: np.ndarray,
+                  cur_rate: np.ndarray | None) -> np.ndarray:
+    """(J,) the churn charge of changing each job's count: ``restart_cost_s``; with ``restart_cost_fraction``
+    f > 0, at most f x the job's predicted time left (at its current count, or its requested one when
+    queued) and at least ``restart_cost_floor_s``. The charge exists so that long jobs are not resized
+    round after round; a job with two minutes left that pays two minutes for any change is never moved
+    for the short jobs queued behind it (seen in the live A/B mix: ones kept a long job on both slots
+    while five short ones queued, 1.57x fifo's mean JCT in the simulator)."""
+    full = np.full(len(cur), c.restart_cost_s)
+    if c.restart_cost_fraction <= 0:
+        return full
+    n = np.where(cur > 0, cur, np.maximum(need, 1))
+    rate = table[np.arange(len(cur)), np.minimum(n, table.shape[1] - 1)]
+    if cur_rate is not None:
+        rate = np.where((cur > 0) & (cur_rate > 0), cur_rate, rate)
+    left = remaining / np.maximum(rate, 1e-12)
+    return np.clip(c.restart_cost_fraction * left, min(c.restart_cost_floor_s, c.restart_cost_s), full)
 
 
 def _caps(cluster: Cluster, jobs: Sequence[JobView]) -> np.ndarray:
@@ -215,7 +238,8 @@ class OnesPolicy(PolicyBase):
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
-        changed_cost = np.full(J, c.restart_cost_s)
+        changed_cost = _change_costs(c, table, remaining, cur, np.minimum(
+            np.array([max(j.spec.requested_gpus, 1) for j in jobs]), caps), cur_rate)
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
