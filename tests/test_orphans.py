@@ -103,6 +103,23 @@ def _project(tmp_path: Path):
     return env
 
 
+def _fake_daemon(lives_s: float) -> subprocess.Popen:
+    """A process whose command line names dagster-daemon, returned once it does: between fork and exec (long
+    on a loaded machine) the child still shows the parent's command line, and would not count as Dagster."""
+    import psutil
+
+    fake = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lives_s})", "dagster-daemon"])
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        try:
+            if "dagster-daemon" in psutil.Process(fake.pid).cmdline():
+                return fake
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    return fake
+
+
 @pytest.mark.parametrize("daemon_exits", [True, False], ids=["stops", "stays"])
 def test_dagster_whose_supervisor_died_is_waited_for_then_refused(tmp_path, daemon_exits):
     """`ones run` after a killed `ones run`: its Dagster got SIGINT and is stopping, so the new one waits
@@ -114,7 +131,7 @@ def test_dagster_whose_supervisor_died_is_waited_for_then_refused(tmp_path, daem
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lives_s = 1.0 if daemon_exits else 60.0
-    fake = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({lives_s})", "dagster-daemon"])
+    fake = _fake_daemon(lives_s)
     try:
         env.layout.pidfile.write_text(f"{fake.pid} {dead.pid}\n")
         if daemon_exits:
@@ -131,7 +148,7 @@ def test_dagster_whose_supervisor_lives_is_refused_at_once(tmp_path):
     from ones_pipeline.cli.supervise import AlreadyRunning, refuse_if_running
 
     env = _project(tmp_path)
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dagster-daemon"])
+    fake = _fake_daemon(60.0)
     try:
         env.layout.pidfile.write_text(f"{fake.pid} {os.getpid()}\n")
         t0 = time.monotonic()
