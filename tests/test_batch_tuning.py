@@ -47,6 +47,19 @@ def _times(batches, world=1):
     return {(world, 1, b, 0): 1e-3 + 1e-6 * b for b in batches}
 
 
+def _next_change(session, spec, plan: list, left: int) -> int:
+    """After a step: count it against the current change of ``plan`` ((batch, steps) pairs), switch to the
+    next one at this step boundary when it is used up, evaluate a finished epoch; the steps left."""
+    left -= 1
+    if left == 0 and len(plan) > 1:
+        plan.pop(0)
+        session._use_batch(plan[0][0], lr_for_batch(spec, plan[0][0]))
+        left = plan[0][1]
+    if session.epoch_ended:
+        session.end_epoch(accuracy=0.0)
+    return left
+
+
 # ----------------------------------------------------------------------------------- the choice
 
 
@@ -278,13 +291,7 @@ def test_in_process_batch_changes_keep_samples_and_order_exact(tmp_path_factory,
         seen.extend(idx.tolist())
         assert len(idx) == min(session.global_batch, dataset_size - session.progress.position)
         session.step_done()
-        left -= 1
-        if left == 0 and len(plan) > 1:  # the next change, at this step boundary
-            plan.pop(0)
-            session._use_batch(plan[0][0], lr_for_batch(spec, plan[0][0]))
-            left = plan[0][1]
-        if session.epoch_ended:
-            session.end_epoch(accuracy=0.0)
+        left = _next_change(session, spec, plan, left)
     order = EpochOrder(dataset_size, seed)
     assert session.progress.samples_done == 2 * dataset_size
     assert seen == np.concatenate([order.permutation(0), order.permutation(1)]).tolist()
@@ -466,13 +473,7 @@ def test_accumulation_changes_and_a_resume_keep_samples_and_order_exact(tmp_path
                 seen.extend(idx.tolist())
             session.step_done()
             taken += 1
-            left -= 1
-            if left == 0 and len(plan) > 1:  # the next change, at this step boundary
-                plan.pop(0)
-                session._use_batch(plan[0][0], lr_for_batch(spec, plan[0][0]))
-                left = plan[0][1]
-            if session.epoch_ended:
-                session.end_epoch(accuracy=0.0)
+            left = _next_change(session, spec, plan, left)
             if taken == resume_after and not session.finished:
                 session._stop("KILLED")  # what a stop request does: checkpoint at this step boundary
         if not session.finished:

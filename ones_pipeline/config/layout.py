@@ -19,11 +19,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ones_pipeline.core.types import JOB_NAME_RE
+
+log = logging.getLogger("ones_pipeline")
 
 PROGRESS_FILE = "progress.jsonl"  # in a job's directory: rank 0's events (epochs, MLflow run, stops)
 PREEMPT_FILE = "preempt-g{generation}.json"  # in a job's directory: the scheduler's stop request to a generation
@@ -34,6 +37,36 @@ def preempt_request_file(job_dir: Path | str, generation: int) -> Path:
     launcher of the generation polls it (on one machine, in a container, on each Slurm node: the job's
     directory is mounted or shared at the same path), so a planned preemption ends the step normally."""
     return Path(job_dir) / PREEMPT_FILE.format(generation=int(generation))
+
+
+class ProgressTail:
+    """New complete lines of a job's ``progress.jsonl`` since this object was made (earlier lines, e.g. of
+    earlier generations, skipped; a half-written last line waits for the next call). Read by the launcher
+    (relayed to the orchestrator) and by the asset body (observations of the partition)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+
+    def rows(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                log.warning("unreadable line in %s: %r", self.path, line[:200])
+                continue
+            if isinstance(row, dict):
+                out.append(row)
+        return out
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ code serves all three.
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
 
-import json
 import threading
 from pathlib import Path
 
 import dagster as dg
 
+from ones_pipeline.config.layout import ProgressTail
 from ones_pipeline.core.types import StopKind
 from ones_pipeline.scheduler.allocation import RunAllocation
 
@@ -39,7 +39,7 @@ class ProgressObserver:
         self.mlflow_run: str | None = None
         self.observed = 0
         self._last_observed_s: float | None = None
-        self._offset = self.path.stat().st_size if self.path.exists() else 0
+        self._tail = ProgressTail(self.path)  # from where the file ends now: this generation's lines
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
 
@@ -57,7 +57,7 @@ class ProgressObserver:
             self._poll()
 
     def _poll(self) -> None:
-        for row in self._new_rows():
+        for row in self._tail.rows():
             if row.get("generation") != self.allocation.generation:
                 continue
             if row.get("event") == "mlflow_run":
@@ -74,25 +74,6 @@ class ProgressObserver:
                     self.observed += 1
                 except Exception as exc:  # progress display must never fail the training step
                     self.context.log.warning(f"progress observation not recorded: {exc}")
-
-    def _new_rows(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
-        self._offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
 
     def metadata(self, row: dict) -> dict:
         """What the partition shows for one epoch: rounded, units in the names, slots named as scheduled."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
+from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_request_file
 from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import Placement, spec_to_json
@@ -144,31 +144,6 @@ def _kill(procs: Sequence[subprocess.Popen]) -> None:
         p.wait()
 
 
-class _Tail:
-    """New complete lines of rank 0's ``progress.jsonl`` since the launch (earlier generations' skipped)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = path.stat().st_size if path.exists() else 0
-
-    def rows(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next poll
-        self.offset += end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                log.warning("unreadable line in %s: %r", self.path, line[:200])
-        return out
-
-
 def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -> int:
     """Run the job's processes to completion or until stopped; return the exit code (0 = finished or
     cleanly stopped with a checkpoint). ``on_event``: called with each progress event rank 0 reports
@@ -177,7 +152,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     port = req.master_port or _free_port()
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
-    tail = _Tail(Path(req.state_dir) / PROGRESS_FILE)
+    tail = ProgressTail(Path(req.state_dir) / PROGRESS_FILE)
     parent = os.getppid()
     trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
     killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
