@@ -329,5 +329,6 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
     costs = _change_costs(params, table, np.array([1000.0, 40_000.0, 100.0]), np.array([2, 2, 0]),
                           np.array([1, 1, 1]), None)
     assert costs.tolist() == [30.0, 120.0, 30.0]  # 12.5 s -> floor; 500 s -> cap; queued: 10 s -> floor
-    assert _change_costs(OnesParams(), table, np.array([1000.0] * 3), np.array([2, 2, 0]), np.array([1] * 3),
-                         None).tolist() == [120.0] * 3
+    assert _change_costs(OnesParams(restart_cost_fraction=0.0), table, np.array([1000.0] * 3), np.array([2, 2, 0]),
+                         np.array([1] * 3), None).tolist() == [120.0] * 3
+    assert OnesParams().restart_cost_fraction == 0.5  # the default (docs/ones_policy.md)

@@ -63,6 +63,17 @@ def policy_restart_cost(policy) -> float | None:
     return None
 
 
+def _scaled_cost(policy, cap: float, time_left_s: float | None) -> float:
+    """``ones`` charges a change at most ``restart_cost_fraction`` of the job's time left, at least
+    ``restart_cost_floor_s`` (``core.policies.ones._change_costs``); other policies the flat ``cap``."""
+    config = getattr(policy, "config", None)
+    fraction = getattr(config, "restart_cost_fraction", 0.0) or 0.0
+    if fraction <= 0 or time_left_s is None or not np.isfinite(time_left_s):
+        return cap
+    floor = min(float(getattr(config, "restart_cost_floor_s", 0.0)), cap)
+    return float(np.clip(fraction * time_left_s, floor, cap))
+
+
 def _round(x: float | None) -> float | None:
     return None if x is None else round(float(x), 1)
 
@@ -85,8 +96,9 @@ def _time_left(params, gns, view: JobView, work: float, alloc: Allocation | None
 
 
 def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: Schedule, jobs: Sequence[str],
-            restart_cost_s: float | None = None) -> dict[str, Why]:
-    """``Why`` for each of ``jobs`` (the ones whose allocation changes), from the policy's view of all."""
+            restart_cost_s: float | None = None, policy=None) -> dict[str, Why]:
+    """``Why`` for each of ``jobs`` (the ones whose allocation changes), from the policy's view of all;
+    ``policy``: the deciding policy, whose own per-job restart charge is used where it scales one."""
     by_name = {v.name: i for i, v in enumerate(views)}
     wanted = [j for j in jobs if j in by_name]
     if not wanted:
@@ -99,11 +111,12 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
         p = params.select(i)
         before = _time_left(p, gns[i], subset[i], work[i], current.allocations.get(job), cluster)
         after = _time_left(p, gns[i], subset[i], work[i], new.allocations.get(job), cluster)
+        job_cost = _scaled_cost(policy, cost, before if before is not None else after)
         if after is not None:
-            after += cost
+            after += job_cost
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))
         frees = tuple(sorted(o for o, a in new.allocations.items() if o != job and given_up & set(a.gpus)))
-        out[job] = Why(before, after, cost, frees)
+        out[job] = Why(before, after, round(job_cost, 1), frees)
     return out
 
 

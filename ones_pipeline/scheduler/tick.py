@@ -98,7 +98,7 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
                                           and inputs.now - r.created_s < settings.min_hold_s})
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
-                                 views, policy_restart_cost(policy))
+                                 views, policy_restart_cost(policy), policy)
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
@@ -314,13 +314,14 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
 
 def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
                                  active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
-                                 views: Sequence[JobView] = (), restart_cost_s: float | None = None) -> None:
+                                 views: Sequence[JobView] = (), restart_cost_s: float | None = None,
+                                 policy=None) -> None:
     """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
     generation; one decision record per change, with the numbers behind it (``scheduler.rationale``)."""
     ids = inputs.slot_ids
     changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
     whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
-                   restart_cost_s) if views else {}
+                   restart_cost_s, policy) if views else {}
     for job in changed_jobs:
         before, after = current.allocations.get(job), new.allocations.get(job)
         if before is not None and _cancel_pending(inputs, state, current.runs[job].run_id):

@@ -62,7 +62,9 @@ class OnesParams(PolicyParams):
     nodes, which the fitness does not model). ``restart_cost_s`` charged
     to every job whose GPU count changes (x ``shrink_cost_factor`` when it shrinks: it will likely grow
     back, a second restart); larger than the 30 s a restart really costs because the fitness credits a
-    change with its benefit until the horizon, though the allocation is revisited every round;
+    change with its benefit until the horizon, though the allocation is revisited every round; but at
+    most ``restart_cost_fraction`` of the job's predicted time left and at least ``restart_cost_floor_s``
+    (``_change_costs``: a short job's change is not charged as much as an hour-long job's);
     ``immune_epochs``: younger jobs are never removed;
     ``use_efficiency``: goodput (True) or raw throughput (False); ``gpu_time_weight`` x active jobs x
     overload (how far the active jobs' requests exceed the cluster, clipped to [0, 1]) per cluster-second
@@ -97,7 +99,7 @@ class OnesParams(PolicyParams):
     max_scale_out: float | None = None
     recipe_first: bool = False
     shrink_cost_factor: float = 1.0
-    restart_cost_fraction: float = 0.0
+    restart_cost_fraction: float = 0.5
     restart_cost_floor_s: float = 30.0
 
     def __post_init__(self) -> None:
