@@ -159,6 +159,8 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "shrink_cost_factor", 0.5, "ones: shrink_cost_factor must be a finite number >= 1.0"),
     (OnesParams, "recipe_first", "no", "ones: recipe_first must be true or false"),
     (OnesParams, "max_scale_out", 0.5, "ones: max_scale_out must be a finite number >= 1.0, got 0.5"),
+    (OnesParams, "placement_rescore", -1, "ones: placement_rescore must be an integer >= 0, got -1"),
+    (OnesParams, "consolidate_moves", 1, "ones: consolidate_moves must be true or false"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -332,3 +334,43 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
     assert _change_costs(OnesParams(restart_cost_fraction=0.0), table, np.array([1000.0] * 3), np.array([2, 2, 0]),
                          np.array([1] * 3), None).tolist() == [120.0] * 3
     assert OnesParams().restart_cost_fraction == 0.5  # the default (docs/ones_policy.md)
+
+
+# -- placement the fitness can trust (OnesParams.placement_rescore, consolidate_moves) ----------------
+def _fragmented_state():
+    """Two 4-GPU nodes; "x" and "y" (which gain nothing from more GPUs) hold 2 GPUs on each, so a new
+    4-GPU job "c", whose step time balloons across nodes (``_OBS``), can only get 4 GPUs split 2 + 2."""
+    flat = (ThroughputObs(1, 1, 64, 0.10, 0.0), ThroughputObs(2, 1, 64, 0.20, 0.10),
+            ThroughputObs(2, 2, 64, 0.30, 0.20))
+    jobs = [_pollux_like("x", obs=flat), _pollux_like("y", obs=flat), _pollux_like("c", requested=4, obs=_OBS)]
+    current = Schedule({"x": Allocation("x", (0, 1), 128, 0.1), "y": Allocation("y", (4, 5), 128, 0.1)})
+    return Cluster.uniform(2, 4), jobs, current
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_placement_rescore_avoids_a_spread_placement_the_plain_search_picks(seed):
+    from ones_pipeline.core.policies.ones_goodput import current_goodput
+
+    cluster, jobs, current = _fragmented_state()
+    plain = OnesPolicy(seed=seed).decide(0.0, cluster, jobs, current)
+    assert cluster.placement(plain.gpus_of("c")) == (2, 2)  # the search assumed one node
+    rescored = OnesPolicy(seed=seed, placement_rescore=4).decide(0.0, cluster, jobs, current)
+    assert rescored.gpus_of("x") == (0, 1) and rescored.gpus_of("y") == (4, 5)  # nobody else restarts
+    assert len(cluster.placement(rescored.gpus_of("c"))) == 1
+    # It is the better schedule once valued on the GPUs each job really gets.
+    ctx, _ = OnesPolicy(seed=seed)._context(cluster, jobs, current)
+    counts = np.array([[len(s.gpus_of(j.name)) for j in jobs] for s in (plain, rescored)])
+    rate = np.stack([current_goodput(cluster, jobs, s)[0] for s in (plain, rescored)])
+    fits = ctx.fitness(counts, rate)
+    assert fits[1] < fits[0]
+
+
+def test_consolidate_moves_moves_a_growing_job_to_a_free_node_without_moving_another():
+    cluster = Cluster.uniform(2, 4)
+    held = {"a": (0, 1), "b": (2, 3)}
+    wanted = [("a", 4), ("b", 2)]
+    assert cluster.placement(place_counts(cluster, wanted, held)["a"]) == (2, 2)  # grows around (0, 1)
+    out = place_counts(cluster, wanted, held, consolidate=True)
+    assert out["a"] == (4, 5, 6, 7) and out["b"] == (2, 3)
+    # Where a fresh placement is no better, the job keeps what it holds.
+    assert place_counts(cluster, [("a", 3), ("b", 2)], {"a": (0, 1), "b": (4, 5)}, consolidate=True)["a"][:2] == (0, 1)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.placement import schedule_from_counts
+from ones_pipeline.core.placement import free_mask, place_consolidated, place_counts, schedule_from_counts
 from ones_pipeline.core.policies.base import (
     PolicyBase,
     PolicyParams,
@@ -42,7 +42,13 @@ from ones_pipeline.core.policies.base import (
     check_probability,
 )
 from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
-from ones_pipeline.core.policies.ones_goodput import current_goodput, scale_limits, tuned_schedule, tuned_table
+from ones_pipeline.core.policies.ones_goodput import (
+    current_goodput,
+    placed_goodput,
+    scale_limits,
+    tuned_schedule,
+    tuned_table,
+)
 from ones_pipeline.core.types import Cluster, JobView, Schedule
 
 
@@ -76,6 +82,11 @@ class OnesParams(PolicyParams):
     unchanged); ``max_scale_out``: with ``job_batch``, a job gets at most this multiple of the most GPUs
     it has measured (at least its request; None: no such limit); ``recipe_first``: with ``job_batch``, a
     job that has not measured its throughput and noise scale yet runs its submitted recipe (untuned).
+    ``placement_rescore`` (with ``job_batch``; 0: off): after the search, the fittest this many distinct
+    individuals are placed as the decision would place them (``place_counts``) and re-scored with each
+    job's goodput on the nodes it really gets; the best of them is taken (the search assumes
+    consolidated placements, which a fragmented cluster may not give). ``consolidate_moves``: a growing
+    job moves to a fresh placement when that spans fewer nodes (``place_counts``'s ``consolidate``).
     """
 
     policy = "ones"
@@ -101,6 +112,8 @@ class OnesParams(PolicyParams):
     shrink_cost_factor: float = 1.0
     restart_cost_fraction: float = 0.5
     restart_cost_floor_s: float = 30.0
+    placement_rescore: int = 0
+    consolidate_moves: bool = False
 
     def __post_init__(self) -> None:
         n = self.policy
@@ -129,6 +142,8 @@ class OnesParams(PolicyParams):
             restart_cost_fraction=check_float(n, "restart_cost_fraction", self.restart_cost_fraction, 0.0),
             restart_cost_floor_s=check_float(n, "restart_cost_floor_s", self.restart_cost_floor_s, 0.0),
             recipe_first=check_bool(n, "recipe_first", self.recipe_first),
+            placement_rescore=check_int(n, "placement_rescore", self.placement_rescore, 0),
+            consolidate_moves=check_bool(n, "consolidate_moves", self.consolidate_moves),
             max_scale_out=(None if self.max_scale_out is None else
                            check_float(n, "max_scale_out", self.max_scale_out, 1.0)),
         )
@@ -215,10 +230,12 @@ class OnesPolicy(PolicyBase):
             self.population = {}
             return Schedule()
         ctx, batches = self._context(cluster, jobs, current)
-        best = self._search(ctx, jobs)  # (J,) GPU counts
-        # Place the jobs that finish soonest first (ties: earlier submission).
-        order = np.lexsort((ctx.submit, ctx.solo_time(best)))
-        schedule = schedule_from_counts(cluster, jobs, best, current, order, batches)
+        pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
+        best = pop[int(np.argmin(fit))]
+        if self.config.placement_rescore > 0 and self.config.job_batch:
+            best = self._placement_rescore(cluster, jobs, current, ctx, pop, fit)
+        schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), batches,
+                                        self.config.consolidate_moves)
         if not self.config.job_batch:
             return schedule
         return tuned_schedule(cluster, jobs, schedule, current, self.config.recipe_first)
@@ -251,7 +268,7 @@ class OnesPolicy(PolicyBase):
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
         """Evolve the population for this round's generations (or until the time budget); keep it for the
-        next round and return its best individual, (J,) GPU counts."""
+        next round and return it, (P, J) GPU counts sorted fittest first, and its fitness (P,)."""
         c = self.config
         pop = self._initial_population(jobs, ctx)  # (P, J), feasible
         fit = ctx.fitness(pop)
@@ -271,7 +288,48 @@ class OnesPolicy(PolicyBase):
             gens += 1
         self.last_generations = gens
         self.population = {j.name: pop[:, i].tolist() for i, j in enumerate(jobs)}
-        return pop[int(np.argmin(fit))]
+        return pop, fit
+
+    def _placement_rescore(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, ctx: _Ctx,
+                           pop: np.ndarray, fit: np.ndarray) -> np.ndarray:
+        """(J,) the best candidate once each is placed as ``decide`` places it and its jobs are valued on
+        the nodes they really get (the search's fitness assumes ``ceil(n / node size)`` nodes for a job
+        whose count changes). Candidates: the ``placement_rescore`` fittest distinct individuals of
+        ``pop`` and variants of the fittest (``_fitted_variants``). Not the current schedule when the search
+        dropped it: the fitness starts a queued job on free GPUs at once, so keeping GPUs idle looks free."""
+        c = self.config
+        ranked = pop[np.argsort(fit, kind="stable")]
+        _, first = np.unique(ranked, axis=0, return_index=True)
+        top = ranked[np.sort(first)[:c.placement_rescore]]  # (K, J), fittest first
+        held = {j.name: current.gpus_of(j.name) for j in jobs}
+        variants = _fitted_variants(cluster, ctx, top[0], self._placed(cluster, jobs, ctx, top[0], held))
+        cands = np.concatenate([top, variants])
+        _, first = np.unique(cands, axis=0, return_index=True)
+        cands = cands[np.sort(first)]
+        placed = [self._placed(cluster, jobs, ctx, row, held) for row in cands]
+        nodes = np.array([[len(p) for p in row] for row in placed])
+        reps = np.array([[sum(p) for p in row] for row in placed])
+        rate = placed_goodput(cluster, jobs, reps, nodes, ctx.table, c.use_efficiency, c.recipe_first)
+        return cands[int(np.argmin(ctx.fitness(cands, rate)))]
+
+    def _placed(self, cluster: Cluster, jobs: Sequence[JobView], ctx: _Ctx, counts: np.ndarray,
+                held: Mapping[str, Sequence[int]]) -> list[tuple[int, ...]]:
+        """GPUs per node (largest first) of each job when ``counts`` is placed as ``decide`` places it;
+        a queued job that the fitness starts now (its requested count fits in the GPUs left free, queued
+        jobs shortest first) on the free GPUs it would get, other queued jobs ``()``."""
+        wanted = [(jobs[i].name, int(counts[i])) for i in _order(ctx, counts)]
+        placed = place_counts(cluster, wanted, held, self.config.consolidate_moves)
+        free = free_mask(cluster, [g for gpus in placed.values() for g in gpus])
+        out = [cluster.placement(placed.get(j.name, ())) for j in jobs]
+        for i in ctx.srt_order:
+            if counts[i] > 0:
+                continue
+            gpus = place_consolidated(cluster, free, int(ctx.need[i]))
+            if gpus is None:
+                break
+            free[gpus] = False
+            out[i] = cluster.placement(gpus)
+        return out
 
     def _initial_population(self, jobs: Sequence[JobView], ctx: _Ctx) -> np.ndarray:
         """(P, J) the previous round's individuals, the current schedule, the greedy seed(s) and mutated
@@ -320,6 +378,29 @@ class OnesPolicy(PolicyBase):
                             np.maximum(out - 1, 0))
         out = np.minimum(np.where(resize, resized, out), ctx.caps[None, :])
         return _transfer(out, ctx.caps, rng, c.transfer_p)
+
+
+def _fitted_variants(cluster: Cluster, ctx: _Ctx, counts: np.ndarray, placed: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """(V, J) variants of ``counts`` whose placement ``placed`` (GPUs per node of each job, largest first)
+    spreads some jobs over more nodes than ``ceil(n / node size)``: each such job (one at a time, then
+    all together) gets instead what its placement holds on that many nodes, or keeps the GPUs it holds
+    (if it holds any: a job sent back to the queue would look free, see ``_placement_rescore``)."""
+    gpn = max(cluster.gpus_per_node)
+    spread = [i for i, n in enumerate(counts) if n > 0 and len(placed[i]) > -(-int(n) // gpn)]
+    fitted = {i: sum(placed[i][:-(-int(counts[i]) // gpn)]) for i in spread}
+    rows = []
+    for alt in (fitted, {i: int(ctx.cur[i]) for i in spread if ctx.cur[i] > 0}):
+        for group in [[i] for i in alt] + ([list(alt)] if len(alt) > 1 else []):
+            row = counts.copy()
+            row[group] = [alt[i] for i in group]
+            rows.append(row)
+    out = np.array(rows, dtype=np.int64).reshape(-1, len(counts))
+    return out[(out.sum(axis=1) <= ctx.G) & (out <= ctx.caps[None, :]).all(axis=1)]
+
+
+def _order(ctx: _Ctx, counts: np.ndarray) -> np.ndarray:
+    """The order ``decide`` places jobs in: soonest to finish first (ties: earlier submission)."""
+    return np.lexsort((ctx.submit, ctx.solo_time(counts)))
 
 
 def _transfer(pop: np.ndarray, caps: np.ndarray, rng: np.random.Generator, p: float) -> np.ndarray:

@@ -160,8 +160,12 @@ class OnesContext:
         out[:, order] = x
         return out
 
-    def fitness(self, pop: np.ndarray) -> np.ndarray:
+    def fitness(self, pop: np.ndarray, rate: np.ndarray | None = None) -> np.ndarray:
         """(P,) predicted sum of completion times (s from now) of all jobs; lower is better.
+
+        ``rate`` (P, J), when given, is each job's goodput on the GPUs a real placement gives it (for a
+        queued job: where it starts; 0: not known), ``OnesPolicy``'s placement re-score; where positive it
+        replaces the table's consolidated-placement goodput.
 
         A job that finishes within the horizon ``H`` counts its predicted finish time. A job still
         running at ``H`` counts ``H`` plus its leftover work at its reference goodput (on its requested
@@ -169,15 +173,16 @@ class OnesContext:
         allocation will be revisited long before it finishes. Without the horizon, shrinking a long job
         would be charged as if it stayed small until the end, and long jobs would hog the cluster.
         """
-        completion, excess = self._job_terms(pop)
+        completion, excess = self._job_terms(pop, rate)
         total = completion.sum(axis=1)
         if self.gpu_time_weight > 0:
             total = total + self.gpu_time_weight * excess.sum(axis=1) / self.G
         return total
 
-    def _job_terms(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _job_terms(self, pop: np.ndarray, placed_rate: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(P, J) each job's predicted completion (s from now) and GPU-seconds spent beyond its most
-        GPU-efficient size (``fitness``); the second is 0 with ``gpu_time_weight`` 0."""
+        GPU-efficient size (``fitness``); the second is 0 with ``gpu_time_weight`` 0. ``placed_rate``: see
+        ``fitness``."""
         P, J = pop.shape
         H = self.horizon_s
         on = pop > 0
@@ -190,6 +195,10 @@ class OnesContext:
             kept = on & (pop == self.cur[None, :]) & (self.cur_rate[None, :] > 0)
             rate = np.where(kept, self.cur_rate[None, :], rate)
             run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
+        if placed_rate is not None:
+            placed = placed_rate > 0
+            rate = np.where(placed, placed_rate, rate)
+            run = np.where(on & placed, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
         finish = np.where(on, cost + run, np.inf)
         start = np.where(on, cost, self._queue_start(pop, finish) + self.change_cost[None, :])
         n_eff = np.where(on, pop, self.need[None, :])

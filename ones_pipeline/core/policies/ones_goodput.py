@@ -107,6 +107,20 @@ def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule
     return out, nodes
 
 
+def placed_goodput(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray, nodes: np.ndarray,
+                   table: np.ndarray, use_efficiency: bool = True, recipe_first: bool = False) -> np.ndarray:
+    """(K, J) goodput of each job on ``counts[k, j]`` GPUs spread over ``nodes[k, j]`` nodes (a real
+    placement; both (K, J)): the table's (``tuned_table``) where that is a consolidated placement, else
+    the batch the job picks on those nodes; 0 for queued jobs and for jobs the placement left out."""
+    idx = np.arange(counts.shape[1])[None, :]
+    out = np.where(counts > 0, table[idx, counts], 0.0)
+    out = np.where(nodes > 0, out, 0.0)
+    k, j = np.nonzero((counts > 0) & (nodes > 0) & (nodes != node_counts(cluster, table.shape[1] - 1)[counts]))
+    if k.size:
+        out[k, j] = tuned_goodput(jobs, j, nodes[k, j], counts[k, j], use_efficiency, recipe_first)
+    return out
+
+
 def scale_limits(jobs: Sequence[JobView], caps: np.ndarray, scale_out: float | None) -> np.ndarray:
     """(J,) the most GPUs each job may get: its cap, at most what keeps one micro-batch per GPU within its
     largest batch, and, with ``scale_out``, at most ``scale_out`` x the most GPUs it has measured (but
