@@ -176,11 +176,11 @@ def test_the_reason_charges_the_restart_the_policy_charges_and_says_when_the_job
     p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
     (d,) = [d for d in p.decisions if d.job == "long"]
     assert d.why["restart_cost_s"] == 120.0 and "incl. 120 s restart" in d.reason
-    from ones_pipeline.scheduler.rationale import _scaled_cost
+    from ones_pipeline.scheduler.rationale import _restart_charge
 
     ones_policy, pollux_policy = make_policy("ones", seed=0), make_policy("pollux", seed=0)
-    assert [_scaled_cost(ones_policy, 120.0, t) for t in (1000.0, 100.0, 10.0)] == [120.0, 50.0, 30.0]
-    assert _scaled_cost(pollux_policy, 30.0, 10.0) == 30.0  # a flat charge
+    assert [_restart_charge(ones_policy, 120.0, t) for t in (1000.0, 100.0, 10.0)] == [120.0, 50.0, 30.0]
+    assert _restart_charge(pollux_policy, 30.0, 10.0) == 30.0  # a flat charge
     grow = Why(53.0, 66.0, 30.0).text()
     assert grow.startswith("predicted to finish in 53 s -> 66 s") and "later for this job alone" in grow
     assert "later for this job alone" not in Why(53.0, 40.0, 30.0).text()

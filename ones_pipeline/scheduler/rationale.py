@@ -63,15 +63,13 @@ def policy_restart_cost(policy) -> float | None:
     return None
 
 
-def _scaled_cost(policy, cap: float, time_left_s: float | None) -> float:
-    """``ones`` charges a change at most ``restart_cost_fraction`` of the job's time left, at least
-    ``restart_cost_floor_s`` (``core.policies.ones._change_costs``); other policies the flat ``cap``."""
-    config = getattr(policy, "config", None)
-    fraction = getattr(config, "restart_cost_fraction", 0.0) or 0.0
-    if fraction <= 0 or time_left_s is None or not np.isfinite(time_left_s):
+def _restart_charge(policy, cap: float, time_left_s: float | None) -> float:
+    """What the policy charges this job for the change: ``ones``'s own scaled charge
+    (``OnesParams.change_cost``), else the flat ``cap``."""
+    change_cost = getattr(getattr(policy, "config", None), "change_cost", None)
+    if change_cost is None or time_left_s is None:
         return cap
-    floor = min(float(getattr(config, "restart_cost_floor_s", 0.0)), cap)
-    return float(np.clip(fraction * time_left_s, floor, cap))
+    return float(change_cost(time_left_s))
 
 
 def _round(x: float | None) -> float | None:
@@ -96,22 +94,23 @@ def _time_left(params, gns, view: JobView, work: float, alloc: Allocation | None
 
 
 def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: Schedule, jobs: Sequence[str],
-            restart_cost_s: float | None = None, policy=None) -> dict[str, Why]:
+            policy=None) -> dict[str, Why]:
     """``Why`` for each of ``jobs`` (the ones whose allocation changes), from the policy's view of all;
-    ``policy``: the deciding policy, whose own per-job restart charge is used where it scales one."""
+    ``policy``: the deciding policy, whose own restart charge is quoted (``policy_restart_cost``)."""
     by_name = {v.name: i for i, v in enumerate(views)}
     wanted = [j for j in jobs if j in by_name]
     if not wanted:
         return {}
     subset = [views[by_name[j]] for j in wanted]
     params, gns, work = fitted_params(subset), noise_scales(subset), remaining_work(subset)
-    cost = DEFAULT_RESTART_COST_S if restart_cost_s is None else float(restart_cost_s)
+    restart_cost_s = policy_restart_cost(policy)
+    cost = DEFAULT_RESTART_COST_S if restart_cost_s is None else restart_cost_s
     out = {}
     for i, job in enumerate(wanted):
         p = params.select(i)
         before = _time_left(p, gns[i], subset[i], work[i], current.allocations.get(job), cluster)
         after = _time_left(p, gns[i], subset[i], work[i], new.allocations.get(job), cluster)
-        job_cost = _scaled_cost(policy, cost, before if before is not None else after)
+        job_cost = _restart_charge(policy, cost, before if before is not None else after)
         if after is not None:
             after += job_cost
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))

@@ -31,7 +31,7 @@ from typing import Any
 from ones_pipeline.core.policies import Policy, make_policy
 from ones_pipeline.core.types import Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, lr_for_batch
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.rationale import explain, policy_restart_cost, waiting_reason
+from ones_pipeline.scheduler.rationale import explain, waiting_reason
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
@@ -98,7 +98,7 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
                                           and inputs.now - r.created_s < settings.min_hold_s})
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
-                                 views, policy_restart_cost(policy), policy)
+                                 views, policy)
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
@@ -182,12 +182,12 @@ def _backing_off(now: float, job: str, runs: Sequence[RunInfo], settings: Schedu
         return False
     last = failures[-1]
     own = [r for r in failures if not r.infra_failure]
-    infra = len(failures) - len(own)
-    if len(own) > settings.max_retries or infra > INFRA_RETRY_FACTOR * max(settings.max_retries, 1):
-        kind = "failed runs" if len(own) > settings.max_retries else "runs whose run worker died"
-        count = len(own) if len(own) > settings.max_retries else infra
-        limit = settings.max_retries if len(own) > settings.max_retries else INFRA_RETRY_FACTOR * max(
-            settings.max_retries, 1)
+    infra_limit = INFRA_RETRY_FACTOR * max(settings.max_retries, 1)
+    exhausted = ((len(own), "failed runs", settings.max_retries) if len(own) > settings.max_retries else
+                 (len(failures) - len(own), "runs whose run worker died", infra_limit)
+                 if len(failures) - len(own) > infra_limit else None)
+    if exhausted is not None:
+        count, kind, limit = exhausted
         state.failed[job] = f"{count} {kind} (last {last.run_id}); retries exhausted ({limit})"
         plan.newly_failed[job] = state.failed[job]
         return True
@@ -314,14 +314,13 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
 
 def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
                                  active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
-                                 views: Sequence[JobView] = (), restart_cost_s: float | None = None,
-                                 policy=None) -> None:
+                                 views: Sequence[JobView] = (), policy=None) -> None:
     """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
     generation; one decision record per change, with the numbers behind it (``scheduler.rationale``)."""
     ids = inputs.slot_ids
     changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
     whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
-                   restart_cost_s, policy) if views else {}
+                   policy) if views else {}
     for job in changed_jobs:
         before, after = current.allocations.get(job), new.allocations.get(job)
         if before is not None and _cancel_pending(inputs, state, current.runs[job].run_id):

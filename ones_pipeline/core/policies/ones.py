@@ -115,6 +115,17 @@ class OnesParams(PolicyParams):
     placement_rescore: int = 0
     consolidate_moves: bool = False
 
+    def change_cost(self, time_left_s):
+        """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
+        ``restart_cost_s``, or with ``restart_cost_fraction`` that fraction of the time left, clipped to
+        [``restart_cost_floor_s``, ``restart_cost_s``]. The scheduler's reasons quote the same figure."""
+        left = np.asarray(time_left_s, dtype=float)
+        if self.restart_cost_fraction <= 0:
+            return np.full(left.shape, self.restart_cost_s)
+        left = np.where(np.isfinite(left), left, np.inf)
+        return np.clip(self.restart_cost_fraction * left, min(self.restart_cost_floor_s, self.restart_cost_s),
+                       self.restart_cost_s)
+
     def __post_init__(self) -> None:
         n = self.policy
         factors = self.batch_factors
@@ -166,8 +177,7 @@ def _change_costs(c: OnesParams, table: np.ndarray, remaining: np.ndarray, cur: 
     rate = table[np.arange(len(cur)), np.minimum(n, table.shape[1] - 1)]
     if cur_rate is not None:
         rate = np.where((cur > 0) & (cur_rate > 0), cur_rate, rate)
-    left = remaining / np.maximum(rate, 1e-12)
-    return np.clip(c.restart_cost_fraction * left, min(c.restart_cost_floor_s, c.restart_cost_s), full)
+    return c.change_cost(remaining / np.maximum(rate, 1e-12))
 
 
 def _caps(cluster: Cluster, jobs: Sequence[JobView]) -> np.ndarray:
