@@ -102,3 +102,21 @@ def test_simulated_mix_by_hand():
     assert out["jct_s"] == {"a": pytest.approx(110.0), "b": pytest.approx(110.0)}
     assert out["makespan_s"] == pytest.approx(160.0)
     assert out["restarts"] == 0
+
+
+def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_path, capsys):
+    """``live_ab_sim.py`` rebuilds the by-hand mix above from a ``live_ab.py --json`` record: the same
+    figures (fifo: both jobs 110 s, makespan 160 s), and ``--ones`` options reach the ones policy."""
+    import json
+
+    from live_ab_sim import main
+
+    spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
+            "stopping": {"samples": 3200}}
+    record = {"mix": [{"spec": {**spec, "name": name}, "offset_s": at} for name, at in (("a", 0.0), ("b", 50.0))],
+              "step_times": {"a": {"1x32": 1.0}, "b": {"1x32": 1.0}}, "restart_cost_s": 10.0}
+    (tmp_path / "ab.json").write_text(json.dumps(record))
+    main([str(tmp_path / "ab.json"), "--policies", "fifo"])
+    assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="restart_cost_fraction"):
+        main([str(tmp_path / "ab.json"), "--policies", "ones", "--ones", '{"restart_cost_fraction": -1}'])
