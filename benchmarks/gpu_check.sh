@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check for the training step: run only on a machine with an NVIDIA GPU (the lent H200), as one
-# script within ~5 minutes. Prints: the NVML inventory, ResNet-18 throughput on 1 GPU at per-GPU batch
-# 64/128/256, the stop + resume time, and whether MLflow received GPU system metrics.
+# script within ~10 minutes. Prints: the NVML inventory, ResNet-18 throughput on 1 GPU at per-GPU batch
+# 64/128/256, the stop + resume time, whether MLflow received GPU system metrics, and the live A/B
+# (benchmarks/live_ab.py --gpu: fifo then ones, 4 ResNet-18 jobs sized from the measured rate to about
+# LIVE_AB_WORK_S seconds of training each policy, 100 by default). LIVE_AB_WORK_S=0 skips the A/B.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -75,6 +77,22 @@ for job, p in read_progress(f"sqlite:///{state}/mlflow.db", "ones").items():
     print(f"{job}: {p.samples_done:.0f} samples, {p.metrics.get('samples_per_s', float('nan')):.0f} samples/s, "
           f"GPU metrics {gpu or 'MISSING'}")
 PY
+
+echo "== live A/B on the GPU path (benchmarks/live_ab.py --gpu)"
+WORK_S="${LIVE_AB_WORK_S:-100}"
+if [ "$WORK_S" != "0" ]; then
+  SCALE="$("$PY" - "$URI" "$WORK_S" <<'PY' || echo 0.3
+import sys
+from ones_pipeline.adapters.mlflow import read_progress
+rate = read_progress(sys.argv[1], "ones", ["gpu-r18-128"])["gpu-r18-128"].metrics.get("samples_per_s") or 1000.0
+# The 4-job GPU mix holds about 367 000 samples at --scale 1 (live_ab.GPU_TEMPLATES).
+print(f"{max(float(sys.argv[2]) * rate / 367_000, 0.05):.3f}")
+PY
+)"
+  echo "scale $SCALE"
+  timeout 420 "$PY" benchmarks/live_ab.py --gpu --policies fifo,ones --jobs 4 --scale "$SCALE" --timeout 200 \
+    --json "$OUT/live_ab_gpu.json" 2>&1 | tail -40 || echo "live A/B failed or timed out"
+fi
 
 echo "== Docker device request for GPU 0 (only where an engine with the NVIDIA runtime answers)"
 "$PY" - <<'PY' || echo "docker GPU check failed"

@@ -77,6 +77,13 @@ TEMPLATES = (
     ("resnet18-cifar-synthetic", 32, "samples", (2500, 3500), (15, 25)),
 )
 LR = {"resnet18-cifar-synthetic": (0.02, 0.08), "cnn-digits": (0.02, 0.08), "mlp-digits": (0.05, 0.2)}
+# --gpu: the same shapes, every job ResNet-18 on synthetic CIFAR at per-GPU batch 128, lengths in samples for
+# a device that trains about 1000 samples/s at --scale 1 (benchmarks/gpu_check.sh sets --scale from the rate it
+# measured first).
+GPU_TEMPLATES = tuple(("resnet18-cifar-synthetic", 128, "samples", length, gap) for length, gap in (
+    ((180_000, 200_000), (0, 0)), ((60_000, 80_000), (10, 20)), ((40_000, 55_000), (20, 30)),
+    ((50_000, 70_000), (20, 30)), ((70_000, 90_000), (20, 30)), ((30_000, 45_000), (20, 30)),
+    ((45_000, 60_000), (15, 25)), ((40_000, 55_000), (15, 25))))
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,11 @@ class MixJob:
         return self.spec["name"]
 
 
-def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0) -> list[MixJob]:
+def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0, templates=TEMPLATES) -> list[MixJob]:
     """The first ``n`` templates with lengths and arrival gaps drawn uniformly from their ranges, lengths
     times ``scale``."""
     mix, offset = [], 0.0
-    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(TEMPLATES[:n]):
+    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(templates[:n]):
         offset += float(rng.integers(g_lo, g_hi + 1))
         length = max(int(round(int(rng.integers(lo, hi + 1)) * scale)), 1)
         base_lr, max_lr = LR[model]
@@ -305,6 +312,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per policy before giving up (1200)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary projects (their path is printed)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    ap.add_argument("--gpu", action="store_true",
+                    help="the GPU path: slots are the GPUs NVML finds (CPU slots where it finds none), every job "
+                         "ResNet-18 on synthetic CIFAR (GPU_TEMPLATES); set --scale to the samples/s over 1000")
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not 2 <= args.jobs <= len(TEMPLATES):
@@ -328,7 +338,8 @@ def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], se
 def report(args, mix, results, walls) -> dict:
     live = {p: r["figures"] for p, r in results.items()}
     sim, measured, restart = predict(mix, results, list(results), args.seed)
-    print(f"\nlive: {len(mix)} jobs on {SLOTS} CPU slots, ticks every {TICK_S} s; wall time per policy: "
+    kind = "slots" if args.gpu else "CPU slots"
+    print(f"\nlive: {len(mix)} jobs on {SLOTS} {kind}, ticks every {TICK_S} s; wall time per policy: "
           + ", ".join(f"{p} {w:.0f} s" for p, w in walls.items()))
     print(f"sim: same specs and arrival offsets, step times measured live, restart cost {restart:.0f} s "
           f"(live mean creation -> first progress), rounds of {TICK_S} s\n")
@@ -345,9 +356,23 @@ def report(args, mix, results, walls) -> dict:
             "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()}}
 
 
+def use_gpus() -> str:
+    """Switch the module to the GPU path (``--gpu``): ``SLOTS`` the GPUs found, the cluster ``gpus: auto``.
+    Returns what was found, in words."""
+    global SLOTS
+    from ones_pipeline.adapters.inventory import discover
+
+    inv = discover()
+    SLOTS = max(len(inv.gpus), 1) if inv.gpus else SLOTS
+    ENV["cluster"] = {"gpus": "auto", "cpu_slots": SLOTS}
+    return f"{len(inv.gpus)} GPU(s): {inv.reason}" if inv.gpus else f"no GPU ({inv.reason}): {SLOTS} CPU slots"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    mix = draw_mix(args.jobs, np.random.default_rng(args.seed), args.scale)
+    if args.gpu:
+        print("GPU path:", use_gpus(), flush=True)
+    mix = draw_mix(args.jobs, np.random.default_rng(args.seed), args.scale, GPU_TEMPLATES if args.gpu else TEMPLATES)
     root = Path(tempfile.mkdtemp(prefix="ones-live-ab-"))
     print(f"live A/B: {', '.join(args.policies)}; {len(mix)} jobs: "
           + ", ".join(f"{j.name} {next(iter(j.spec['stopping'].values()))} at +{j.offset_s:.0f} s" for j in mix)

@@ -43,15 +43,48 @@ ORDER = ("pollux", "sia", "ones", "ones-paper", "tiresias", "optimus", "fifo")
 
 
 def workloads(selected: list[str]) -> dict[str, WorkloadSpec]:
+    """Workloads by token: ``N`` (Pollux workload-N at load 1.0, packaged), ``0.5:N`` / ``1.5:N`` (the
+    Pollux authors' load variants in ``../shared``, workloads 1-4), ``L:N`` for another load ``L``
+    (``synthetic_load``), ``ones50`` / ``ones400`` (the ONES trace)."""
     out = {}
     for w in selected:
+        load, _, n = w.rpartition(":")
         if w == "ones50":
             out["ones-trace-50"] = WorkloadSpec(TRACES / "ones_sc21" / "trace_1.csv", "ones", max_jobs=50)
         elif w == "ones400":
             out["ones-trace-400"] = WorkloadSpec(TRACES / "ones_sc21" / "trace_1.csv", "ones")
+        elif not load or float(load) == 1.0:
+            out[f"workload-{n}"] = WorkloadSpec(workload_path(f"pollux:workload-{n}"), "pollux")
+        elif load in ("0.5", "1.5"):
+            out[f"workload-{n}@{load}"] = WorkloadSpec(TRACES / "pollux" / f"workloads-{load}" / f"workload-{n}.csv",
+                                                       "pollux")
         else:
-            out[f"workload-{w}"] = WorkloadSpec(workload_path(f"pollux:workload-{w}"), "pollux")
+            out[f"workload-{n}@{load}"] = WorkloadSpec(synthetic_load(float(load), int(n)), "pollux")
     return out
+
+
+def synthetic_load(load: float, n: int) -> Path:
+    """A Pollux workload at a load the authors did not publish, written under ``out/policy_quality/loads``:
+    workload-n at load 1.0 with each job kept with probability ``load`` (below 1), or all of it plus each
+    job of workload-(n mod 8 + 1) with probability ``load - 1`` (above 1, at most 2), renamed so that
+    names stay unique. Same 8-hour arrival window; draws from ``numpy.random.default_rng(n)``."""
+    import pandas as pd
+
+    if not 0.0 < load <= 2.0:
+        raise SystemExit(f"policy_quality: load {load} must be in (0, 2]")
+    rng = np.random.default_rng(n)
+    base = pd.read_csv(workload_path(f"pollux:workload-{n}"))
+    if load < 1.0:
+        df = base[rng.random(len(base)) < load]
+    else:
+        extra = pd.read_csv(workload_path(f"pollux:workload-{n % 8 + 1}"))
+        extra = extra[rng.random(len(extra)) < load - 1.0].copy()
+        extra["name"] = extra["name"] + "-b"
+        df = pd.concat([base, extra]).sort_values("time", kind="stable")
+    path = CACHE / "loads" / f"workload-{n}@{load:g}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path
 
 
 def _config() -> SimConfig:

@@ -120,3 +120,23 @@ def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_pa
     assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in capsys.readouterr().out
     with pytest.raises(ValueError, match="restart_cost_fraction"):
         main([str(tmp_path / "ab.json"), "--policies", "ones", "--ones", '{"restart_cost_fraction": -1}'])
+
+
+def test_the_gpu_mix_is_all_resnet18_and_falls_back_to_cpu_slots_without_a_gpu(monkeypatch):
+    import live_ab
+    import numpy as np
+
+    monkeypatch.setattr(live_ab, "ENV", {**live_ab.ENV, "cluster": dict(live_ab.ENV["cluster"])})
+    monkeypatch.setattr(live_ab, "SLOTS", live_ab.SLOTS)
+    args = live_ab.parse_args(["--gpu", "--jobs", "4", "--scale", "0.5"])
+    assert args.gpu
+    mix = live_ab.draw_mix(args.jobs, np.random.default_rng(0), args.scale, live_ab.GPU_TEMPLATES)
+    assert [j.spec["model"] for j in mix] == ["resnet18-cifar-synthetic"] * 4
+    assert all(j.spec["per_gpu_batch"] == 128 and "samples" in j.spec["stopping"] for j in mix)
+    first = mix[0].spec["stopping"]["samples"]
+    assert 90_000 <= first <= 100_000 and first == max(j.spec["stopping"]["samples"] for j in mix)
+    assert [j.offset_s for j in mix] == sorted(j.offset_s for j in mix) and mix[0].offset_s == 0
+    found = live_ab.use_gpus()
+    assert live_ab.ENV["cluster"]["gpus"] == "auto"
+    if "no GPU" in found:  # this machine: the configured CPU slots, as the CPU benchmark has
+        assert live_ab.SLOTS == 2 and live_ab.ENV["cluster"]["cpu_slots"] == 2

@@ -161,6 +161,9 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "max_scale_out", 0.5, "ones: max_scale_out must be a finite number >= 1.0, got 0.5"),
     (OnesParams, "placement_rescore", -1, "ones: placement_rescore must be an integer >= 0, got -1"),
     (OnesParams, "consolidate_moves", 1, "ones: consolidate_moves must be true or false"),
+    (OnesParams, "unmeasured_gpus", 0, r'ones: unmeasured_gpus must be null, "request" or an integer >= 1, got 0'),
+    (OnesParams, "unmeasured_gpus", "all", r'ones: unmeasured_gpus must be null, "request" or an integer >= 1'),
+    (OnesParams, "tail_srpt", "yes", "ones: tail_srpt must be true or false"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -277,6 +280,39 @@ def test_scale_out_limit_bounds_growth_by_what_the_job_has_measured():
     assert scale_limits(jobs, caps, 2.0).tolist() == [4, 3]  # 2 x 2 measured; unmeasured: its request
     assert scale_limits(jobs, caps, None).tolist() == [64, 64]  # 4096 / 16 = 256 > 64
     assert scale_limits(jobs, np.array([8, 8]), 2.0).tolist() == [4, 3]
+
+
+def test_an_unmeasured_job_can_be_held_to_its_request_or_a_fixed_count_until_it_has_measured_itself():
+    from ones_pipeline.core.policies.ones_goodput import scale_limits
+
+    few = (ThroughputObs(2, 1, 64, 0.12, 0.02),)
+    jobs = [_pollux_like("a", requested=1, obs=few), _pollux_like("b", requested=3)]
+    caps = np.array([64, 64])
+    assert scale_limits(jobs, caps, None, "request").tolist() == [64, 3]  # the measured job is not held
+    assert scale_limits(jobs, caps, None, 2).tolist() == [64, 2]
+    assert scale_limits(jobs, caps, 2.0, 1).tolist() == [4, 1]
+    cluster = Cluster.uniform(4, 4)
+    schedule = OnesPolicy(seed=0, unmeasured_gpus="request").decide(0.0, cluster, jobs[1:], Schedule())
+    assert schedule.allocations["b"].num_gpus == 3
+    assert OnesPolicy(seed=0).decide(0.0, cluster, jobs[1:], Schedule()).allocations["b"].num_gpus > 3
+
+
+def test_the_srpt_tail_favours_the_late_job_closest_to_done_where_plain_terms_are_indifferent():
+    """Two jobs that both run past the horizon, each asking for the whole cluster: valued alone (``H`` +
+    leftover at the requested rate) every split of the GPUs gives the same sum, because goodput is linear;
+    with ``tail_srpt`` the leftover GPU-time is served least first, so progress on the shorter job also
+    shortens the longer one's wait, and the split that favours the shorter job wins."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
+    args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
+            np.array([0.0, 0.0]), np.array([4, 4]))
+    pop = np.array([[3, 1], [1, 3], [2, 2]])
+    plain = _Ctx(*args).fitness(pop)
+    assert np.allclose(plain, plain[0])
+    tail = _Ctx(*args, tail_srpt=True).fitness(pop)
+    assert tail[0] < tail[2] < tail[1]
+    assert np.allclose(tail[0], 2 * 1800 + 1150 + 5700)  # A: 46 000 left at 40/s; B: (4600 + 18 200) GPU-s / 4
 
 
 def test_recipe_first_starts_an_unmeasured_job_on_its_submitted_batch_then_lets_it_tune():

@@ -87,6 +87,12 @@ class OnesParams(PolicyParams):
     job's goodput on the nodes it really gets; the best of them is taken (the search assumes
     consolidated placements, which a fragmented cluster may not give). ``consolidate_moves``: a growing
     job moves to a fresh placement when that spans fewer nodes (``place_counts``'s ``consolidate``).
+    ``unmeasured_gpus`` (null, ``"request"`` or a count): a job that has measured no step time yet gets at
+    most its request (that count); before its first measurement the step-time model is a guess.
+    ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the
+    late jobs' leftover GPU-time least first (``OnesContext._srpt_tail``), which adds shortest-remaining
+    pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
+    only approximate the fitness.
     """
 
     policy = "ones"
@@ -114,6 +120,8 @@ class OnesParams(PolicyParams):
     restart_cost_floor_s: float = 30.0
     placement_rescore: int = 0
     consolidate_moves: bool = False
+    unmeasured_gpus: int | str | None = None
+    tail_srpt: bool = False
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -157,9 +165,19 @@ class OnesParams(PolicyParams):
             consolidate_moves=check_bool(n, "consolidate_moves", self.consolidate_moves),
             max_scale_out=(None if self.max_scale_out is None else
                            check_float(n, "max_scale_out", self.max_scale_out, 1.0)),
+            unmeasured_gpus=_check_unmeasured(n, self.unmeasured_gpus),
+            tail_srpt=check_bool(n, "tail_srpt", self.tail_srpt),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+
+def _check_unmeasured(policy: str, value: Any) -> int | str | None:
+    if value is None or value == "request":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{policy}: unmeasured_gpus must be null, \"request\" or an integer >= 1, got {value!r}")
+    return value
 
 
 def _change_costs(c: OnesParams, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray, need: np.ndarray,
@@ -257,7 +275,7 @@ class OnesPolicy(PolicyBase):
         caps = _caps(cluster, jobs)
         cur_rate = None
         if c.job_batch:
-            caps = scale_limits(jobs, caps, c.max_scale_out)
+            caps = scale_limits(jobs, caps, c.max_scale_out, c.unmeasured_gpus)
             table = tuned_table(cluster, jobs, caps, c.use_efficiency, c.recipe_first)  # (J, N+1)
             batches = None
             cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first)  # (J,)
@@ -273,7 +291,7 @@ class OnesPolicy(PolicyBase):
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor)
+                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

@@ -19,8 +19,9 @@ class OnesContext:
     def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
-                 shrink_cost_factor: float = 1.0):
+                 shrink_cost_factor: float = 1.0, tail_srpt: bool = False):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
+        self.tail_srpt = tail_srpt
         self.shrink_cost_factor = shrink_cost_factor
         # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
         self.cur_rate = cur_rate
@@ -204,7 +205,11 @@ class OnesContext:
         n_eff = np.where(on, pop, self.need[None, :])
         done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
         left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
-        late = H + np.maximum(left, 0.0) / self.ref_rate[None, :]
+        left = np.maximum(left, 0.0)
+        late = left / self.ref_rate[None, :]
+        if self.tail_srpt:
+            late = np.maximum(late, self._srpt_tail(np.where(done_by > H, left, np.inf)))
+        late = H + late
         completion = np.where(done_by <= H, done_by, late)
         if self.gpu_time_weight <= 0:
             return completion, np.zeros_like(completion)
@@ -215,6 +220,22 @@ class OnesContext:
         used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
         ref = progress / self.best_rate_per_gpu[None, :]
         return completion, np.maximum(used - ref, 0.0)
+
+    def _srpt_tail(self, left: np.ndarray) -> np.ndarray:
+        """(P, J) the earliest time after the horizon at which each job still running there can finish when
+        the cluster serves the late jobs' leftover GPU-time (``left``: leftover work, inf for jobs done by
+        the horizon; GPU-time at the requested count's per-GPU goodput) least first: the fluid form of
+        shortest-remaining-first. The fitness takes the later of this and the job's own time at its
+        requested count, so where late jobs' requests oversubscribe the cluster, a job's progress before
+        the horizon also shortens the completion of the late jobs behind it (valued alone, each job's term
+        only sums speedups)."""
+        work = left * (self.need / self.ref_rate)[None, :]  # GPU-seconds at the requested count
+        order = np.argsort(work, axis=1, kind="stable")
+        ws = np.take_along_axis(work, order, axis=1)
+        done = np.cumsum(np.where(np.isfinite(ws), ws, 0.0), axis=1) / max(self.G, 1)
+        out = np.empty_like(done)
+        np.put_along_axis(out, order, done, axis=1)
+        return out
 
     def _queue_start(self, pop: np.ndarray, finish: np.ndarray) -> np.ndarray:
         """(P, J) predicted start time of each queued job (undefined where the job is scheduled).

@@ -121,17 +121,22 @@ def placed_goodput(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray
     return out
 
 
-def scale_limits(jobs: Sequence[JobView], caps: np.ndarray, scale_out: float | None) -> np.ndarray:
+def scale_limits(jobs: Sequence[JobView], caps: np.ndarray, scale_out: float | None,
+                 unmeasured: int | str | None = None) -> np.ndarray:
     """(J,) the most GPUs each job may get: its cap, at most what keeps one micro-batch per GPU within its
     largest batch, and, with ``scale_out``, at most ``scale_out`` x the most GPUs it has measured (but
-    never below its request): the fitted model is optimistic about sizes the job has not tried."""
+    never below its request): the fitted model is optimistic about sizes the job has not tried.
+    ``unmeasured`` (an int, or ``"request"``): a job that has measured no step time yet gets at most that
+    many GPUs (its request), so that its first measurement is at a size it asked for or fewer."""
     out = np.array(caps, dtype=np.int64)
     for i, j in enumerate(jobs):
         _, top, lo_micro, _ = gp.batch_limits(j.spec)
         limit = max(int(top // lo_micro), 1)
+        seen = max((o.num_gpus for o in j.throughput_obs), default=0)
         if scale_out is not None:
-            seen = max((o.num_gpus for o in j.throughput_obs), default=0)
             limit = min(limit, max(int(math.ceil(scale_out * seen)), j.spec.requested_gpus, 1))
+        if unmeasured is not None and seen == 0:
+            limit = min(limit, max(j.spec.requested_gpus, 1) if unmeasured == "request" else int(unmeasured))
         out[i] = max(1, min(out[i], limit))
     return out
 
