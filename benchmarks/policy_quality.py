@@ -164,11 +164,58 @@ def _jct_table(specs: dict[str, WorkloadSpec], policies: list[str], records: dic
             tcells.append(f"{v:>9.0f}s {v / ref:>4.2f}x" if ref else f"{v:>15.0f}s")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         text.append(f"{label:<15}" + "".join(f"{c:>16}" for c in tcells))
+        if "@" in label:  # other loads: the table only (the plots are the load-1.0 workloads' and the ONES trace's)
+            continue
         jcts = {p: records[label][p]["jct_s"] for p in policies}
         if label in published["jcts"]:
             jcts = {"published Pollux": list(published["jcts"][label].values()), **jcts}
         _plot(label, jcts, plots / f"jct_cdf-{label}.png")
     return lines, text, means_by
+
+
+def _load_of(label: str) -> str | None:
+    """The load of a Pollux workload label (``workload-3`` -> ``1.0``, ``workload-3@1.5`` -> ``1.5``)."""
+    if not label.startswith("workload-"):
+        return None
+    return label.partition("@")[2] or "1.0"
+
+
+def _ratio(value: float, ref: float | None) -> str:
+    return f"{value / ref:.3f}x" if ref else "-"
+
+
+def _worst(records: dict[str, dict[str, dict]], labels: list[str], key: str) -> str:
+    """The largest ratio of ``ones``'s summary ``key`` to ``pollux``'s over ``labels``."""
+    return f"{max(records[x]['ones']['summary'][key] / records[x]['pollux']['summary'][key] for x in labels):.2f}x"
+
+
+def _load_table(policies: list[str], records: dict[str, dict[str, dict]],
+                means_by: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown lines: per load, each policy's mean JCT over that load's workloads; ``ones`` against the
+    published Pollux (load 1.0), our ``pollux`` and ``sia`` and the bound (ratios of the means), and its worst
+    per-workload p99 JCT and makespan against ``pollux``'s."""
+    groups: dict[str, list[str]] = {}
+    for label in means_by:
+        if (load := _load_of(label)) is not None:
+            groups.setdefault(load, []).append(label)
+    if not groups or "ones" not in policies:
+        return []
+    cols = [p for p in policies if p in ("pollux", "sia", "ones")]
+    lines = ["Per load (mean over the load's Pollux workloads; ratios of the means; p99 and makespan: worst "
+             "workload):", "", "| load | workloads | published Pollux | " + " | ".join(cols)
+             + " | bound | ones / published | ones / pollux | ones / sia | ones / bound | p99 / pollux | "
+             "makespan / pollux |", "|---|" + "---|" * (len(cols) + 9)]
+    for load in sorted(groups, key=float):
+        labs = groups[load]
+        mean = {c: float(np.mean([means_by[lab][c] for lab in labs])) for c in cols + ["bound"]}
+        pubs = [means_by[lab].get("published Pollux") for lab in labs]
+        pub = float(np.mean(pubs)) if all(pubs) else None
+        ratios = [_ratio(mean["ones"], ref) for ref in (pub, mean.get("pollux"), mean.get("sia"), mean["bound"])]
+        tails = [_worst(records, labs, key) if "pollux" in cols else "-" for key in ("p99_jct_s", "makespan_s")]
+        lines.append(f"| {load} | {len(labs)} | {f'{pub:.0f} s' if pub else '-'} | "
+                     + " | ".join(f"{mean[c]:.0f} s" for c in cols) + f" | {mean['bound']:.0f} s | "
+                     + " | ".join(ratios + tails) + " |")
+    return lines + [""]
 
 
 def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], rows_restart: list[str],
@@ -196,7 +243,7 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
         "",
         "## JCT CDFs",
         "",
-        *[f"![{label}](plots/jct_cdf-{label}.png)" for label in labels],
+        *[f"![{label}](plots/jct_cdf-{label}.png)" for label in labels if "@" not in label],
         "",
     ]
     return "\n".join(doc)
@@ -228,6 +275,7 @@ def main() -> None:
             summary.append(f"| {p} | {m:.0f} s | {m / pub_mean:.3f}x |")
         summary = [f"Mean over the {len(main8)} load-1.0 workloads (published Pollux: {pub_mean:.0f} s):", "",
                    "| policy | mean JCT | vs published Pollux |", "|---|---|---|", *summary, ""]
+    summary += _load_table(policies, records, means_by)
     rows_restart = ["| workload | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
     for label in specs:
         rows_restart.append(f"| {label} | " + " | ".join(f"{records[label][p]['restarts_per_job']:.1f}"

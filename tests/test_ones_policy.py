@@ -164,6 +164,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "unmeasured_gpus", 0, r'ones: unmeasured_gpus must be null, "request" or an integer >= 1, got 0'),
     (OnesParams, "unmeasured_gpus", "all", r'ones: unmeasured_gpus must be null, "request" or an integer >= 1'),
     (OnesParams, "tail_srpt", "yes", "ones: tail_srpt must be true or false"),
+    (OnesParams, "keep_unless_better", 1, "ones: keep_unless_better must be true or false"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -313,6 +314,23 @@ def test_the_srpt_tail_favours_the_late_job_closest_to_done_where_plain_terms_ar
     tail = _Ctx(*args, tail_srpt=True).fitness(pop)
     assert tail[0] < tail[2] < tail[1]
     assert np.allclose(tail[0], 2 * 1800 + 1150 + 5700)  # A: 46 000 left at 40/s; B: (4600 + 18 200) GPU-s / 4
+
+
+def test_keep_unless_better_undoes_changes_that_buy_nothing_and_keeps_those_that_do():
+    from ones_pipeline.core.policies.ones import _Ctx, _keep_unless_better
+
+    table = np.array([[0.0] + [10.0 * n for n in range(1, 9)]] * 2)
+
+    def ctx(cur):
+        return _Ctx(8, np.array([8, 8]), table, np.array([1e5, 1e5]), np.array(cur), np.array([30.0, 30.0]),
+                    np.array([0.0, 0.0]), np.array([4, 4]))
+
+    assert _keep_unless_better(ctx([4, 4]), np.array([4, 2])).tolist() == [4, 4]  # a shrink into idle GPUs
+    assert _keep_unless_better(ctx([2, 2]), np.array([6, 2])).tolist() == [6, 2]  # a grow onto idle ones pays
+    # Undoing job 0's move alone would need 12 GPUs; undoing job 1's alone is feasible but slower: both stay.
+    assert _keep_unless_better(ctx([6, 2]), np.array([2, 6])).tolist() == [2, 6]
+    # A queued job's start is never undone (leaving it queued can look as good, and it would never start).
+    assert _keep_unless_better(ctx([0, 4]), np.array([4, 4])).tolist() == [4, 4]
 
 
 def test_recipe_first_starts_an_unmeasured_job_on_its_submitted_batch_then_lets_it_tune():

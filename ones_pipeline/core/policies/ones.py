@@ -92,7 +92,8 @@ class OnesParams(PolicyParams):
     ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the
     late jobs' leftover GPU-time least first (``OnesContext._srpt_tail``), which adds shortest-remaining
     pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
-    only approximate the fitness.
+    only approximate the fitness. ``keep_unless_better``: after the search, changes to running jobs' counts
+    are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
     """
 
     policy = "ones"
@@ -122,6 +123,7 @@ class OnesParams(PolicyParams):
     consolidate_moves: bool = False
     unmeasured_gpus: int | str | None = None
     tail_srpt: bool = False
+    keep_unless_better: bool = False
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -167,6 +169,7 @@ class OnesParams(PolicyParams):
                            check_float(n, "max_scale_out", self.max_scale_out, 1.0)),
             unmeasured_gpus=_check_unmeasured(n, self.unmeasured_gpus),
             tail_srpt=check_bool(n, "tail_srpt", self.tail_srpt),
+            keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -260,6 +263,8 @@ class OnesPolicy(PolicyBase):
         ctx, batches = self._context(cluster, jobs, current)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
+        if self.config.keep_unless_better:
+            best = _keep_unless_better(ctx, best)
         if self.config.placement_rescore > 0 and self.config.job_batch:
             best = self._placement_rescore(cluster, jobs, current, ctx, pop, fit)
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), batches,
@@ -424,6 +429,33 @@ def _fitted_variants(cluster: Cluster, ctx: _Ctx, counts: np.ndarray, placed: Se
             rows.append(row)
     out = np.array(rows, dtype=np.int64).reshape(-1, len(counts))
     return out[(out.sum(axis=1) <= ctx.G) & (out <= ctx.caps[None, :]).all(axis=1)]
+
+
+def _keep_unless_better(ctx: _Ctx, best: np.ndarray) -> np.ndarray:
+    """(J,) ``best`` with, one job at a time, each change it makes to a running job's count undone while that
+    leaves the fitness no worse (feasible undos only; the one that lowers the fitness most first). Starts of
+    queued jobs stay: the fitness lets a queued job start at once on free GPUs, so leaving one queued can
+    look as good as starting it, and the job would never start. The
+    search is random and short, so its fittest individual can carry changes that buy nothing, and one round
+    undoes what the previous one did: a job flipping between two counts pays a restart every round."""
+    best = best.copy()
+    value = float(ctx.fitness(best[None])[0])
+    for _ in range(len(best)):
+        changed = np.flatnonzero((best != ctx.cur) & (ctx.cur > 0))
+        if not changed.size:
+            break
+        cands = np.repeat(best[None], len(changed), axis=0)
+        cands[np.arange(len(changed)), changed] = ctx.cur[changed]
+        ok = cands.sum(axis=1) <= ctx.G
+        if not ok.any():
+            break
+        cands = cands[ok]
+        fit = ctx.fitness(cands)
+        k = int(np.argmin(fit))
+        if fit[k] > value:
+            break
+        best, value = cands[k], float(fit[k])
+    return best
 
 
 def _order(ctx: _Ctx, counts: np.ndarray) -> np.ndarray:
