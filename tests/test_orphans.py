@@ -22,15 +22,18 @@ def _orphan(tmp_path: Path, child_code: str, ready: Path) -> None:
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent(child_code))
     middle = tmp_path / "middle.py"
+    # The child's imports (torch, Dagster) can take long on a loaded machine: the middle waits for ``ready``
+    # long enough, since exiting before the child has looked at its parent would orphan it unobserved (a CI
+    # run saw "not interrupted" so). It passes its PID on, so that the child can say who its parent was.
     middle.write_text(textwrap.dedent(f"""
-        import subprocess, sys, time
+        import os, subprocess, sys, time
         from pathlib import Path
-        subprocess.Popen([sys.executable, {str(child)!r}])
-        deadline = time.monotonic() + 60
+        subprocess.Popen([sys.executable, {str(child)!r}], env={{**os.environ, "ONES_TEST_MIDDLE": str(os.getpid())}})
+        deadline = time.monotonic() + 240
         while not Path({str(ready)!r}).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
     """))
-    subprocess.run([sys.executable, str(middle)], cwd=ROOT, timeout=90, check=True)
+    subprocess.run([sys.executable, str(middle)], cwd=ROOT, timeout=300, check=True)
 
 
 def _wait_for(path: Path, timeout_s: float = 60.0) -> str:
@@ -78,19 +81,21 @@ def test_a_training_step_interrupts_itself_when_its_run_worker_dies(tmp_path):
     pytest.importorskip("dagster")
     out = tmp_path / "out"
     _orphan(tmp_path, f"""
-        import time
+        import os, time
         from pathlib import Path
         from ones_pipeline.defs.assets import _interrupt_when_orphaned
         out = Path({str(out)!r})
         try:
             with _interrupt_when_orphaned(poll_s=0.05):
+                parent = os.getppid()
                 (out.parent / "started").write_text("")
                 time.sleep(60)
-            out.write_text("not interrupted")
+            middle = os.environ["ONES_TEST_MIDDLE"]
+            out.write_text(f"not interrupted (parent at start {{parent}}, the middle {{middle}})")
         except KeyboardInterrupt:  # outside Dagster's handlers, its SIGINT is a KeyboardInterrupt
             out.write_text("interrupted")
     """, ready=tmp_path / "started")
-    assert _wait_for(out) == "interrupted"
+    assert _wait_for(out, 90.0) == "interrupted"
 
 
 def _project(tmp_path: Path):
