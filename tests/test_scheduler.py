@@ -246,3 +246,38 @@ def test_run_worker_deaths_use_up_no_retry_but_the_job_own_failures_do():
     many = [failed(g, "UNEXPECTED_TERMINATION") for g in range(INFRA_RETRY_FACTOR + 1)]
     p = plan([spec("a")], many, now=10_000.0, max_retries=1, retry_backoff_s=30.0)
     assert "runs whose run worker died" in p.newly_failed["a"]
+
+
+def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_measured():
+    """Job a measured its steps and finished; b, the same model, has measured nothing, and no active job of
+    its model has: its estimates come from a's step times (kept in the cursor), not the generic prior."""
+    from ones_pipeline.core import estimates
+    from ones_pipeline.core import throughput as tp
+    from ones_pipeline.core.types import ThroughputObs
+    from ones_pipeline.scheduler import tick
+    from ones_pipeline.scheduler.runs import ProgressInfo, TickPlan
+
+    obs = (ThroughputObs(1, 1, 32, 0.004, 0.0), ThroughputObs(2, 1, 32, 0.005, 0.001))
+    first = TickInputs(now=100.0, specs={"a": spec("a")}, finished=frozenset(), runs=[run("a", 0, [0, 1])],
+                       progress={"a": ProgressInfo(samples_done=320.0, throughput_obs=obs)}, slot_ids=(0, 1),
+                       cluster=Cluster((2,)), cursor={})
+    cursor = json.loads(json.dumps(plan_tick(first, SchedulerSettings(params={"generations": 5})).cursor))
+    assert [r[:3] for r in cursor["model_obs"]["mlp-digits"]] == [[1, 1, 32], [2, 1, 32]]
+
+    second = TickInputs(now=200.0, specs={"a": spec("a"), "b": spec("b")}, finished=frozenset({"a"}), runs=[],
+                        progress={}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor)
+    state, p = tick._State.from_cursor(cursor), TickPlan()
+    current = tick.current_schedule(second, state, p)
+    (view,) = tick.job_views(second, SchedulerSettings(), current, state, p)[0]
+    assert view.name == "b" and view.model_obs == obs and not view.throughput_obs
+    fitted = estimates.fitted_params([view]).as_array().ravel()
+    assert fitted.tolist() == tp.fit_params(obs).as_array().ravel().tolist()  # the fit of a's step times
+    assert fitted.tolist() != tp.DEFAULT_PARAMS.as_array().ravel().tolist()
+    # A job that has measured its own steps is estimated from those alone.
+    own = (ThroughputObs(1, 1, 32, 0.5, 0.0),)
+    third = TickInputs(now=300.0, specs={"b": spec("b")}, finished=frozenset(), runs=[],
+                       progress={"b": ProgressInfo(samples_done=32.0, throughput_obs=own)}, slot_ids=(0, 1),
+                       cluster=Cluster((2,)), cursor=cursor)
+    state = tick._State.from_cursor(cursor)
+    (mine,) = tick.job_views(third, SchedulerSettings(), tick.current_schedule(third, state, p), state, p)[0]
+    assert mine.model_obs == () and mine.throughput_obs == own

@@ -19,7 +19,8 @@ from ones_pipeline.core.types import JobView
 
 def fitted_params(jobs: Sequence[JobView]) -> tp.ThroughputParams:
     """Throughput parameters of every job, ``(J,)`` fields: each job's own fit, else the mean fit of jobs
-    of the same model, else the generic prior."""
+    of the same model, else the fit of the step times earlier jobs of its model measured
+    (``JobView.model_obs``), else the generic prior."""
     own = [np.asarray(_fit_cached(tuple(j.throughput_obs)), dtype=float) if j.throughput_obs else None
            for j in jobs]
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -30,7 +31,11 @@ def fitted_params(jobs: Sequence[JobView]) -> tp.ThroughputParams:
     default = np.asarray(tp.DEFAULT_PARAMS, dtype=float)
     out = np.empty((len(jobs), tp.N_PARAMS))
     for i, (j, p) in enumerate(zip(jobs, own, strict=False)):
-        out[i] = p if p is not None else model_mean.get(j.spec.model, default)
+        if p is None:
+            p = model_mean.get(j.spec.model)
+        if p is None and j.model_obs:
+            p = np.asarray(_fit_cached(tuple(j.model_obs)), dtype=float)
+        out[i] = default if p is None else p
     return tp.ThroughputParams.from_array(out)
 
 

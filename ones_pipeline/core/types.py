@@ -350,6 +350,9 @@ class JobView:
     last_change_s: float | None = None  # when its allocation last changed
     epochs_at_last_change: float = 0.0
     max_gpus_seen: int = 0
+    # Step times earlier jobs of the same model measured (the live scheduler remembers them): the estimates
+    # of a job that has measured nothing of its own, when no active job of its model has either.
+    model_obs: tuple[ThroughputObs, ...] = ()
 
     @property
     def name(self) -> str:

@@ -29,13 +29,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ones_pipeline.core.policies import Policy, make_policy
-from ones_pipeline.core.types import Allocation, Cluster, JobSpec, JobStatus, JobView, Schedule, lr_for_batch
+from ones_pipeline.core.types import (
+    Allocation,
+    Cluster,
+    JobSpec,
+    JobStatus,
+    JobView,
+    Schedule,
+    ThroughputObs,
+    lr_for_batch,
+)
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.rationale import explain, waiting_reason
 from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
 INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
+MODEL_OBS_KEPT = 16  # step times remembered per model (one per GPU count, nodes and per-GPU batch)
 CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
@@ -71,11 +81,28 @@ class _State:
     failed: dict[str, str]
     launch_epochs: dict[str, float]
     cancelling: dict[str, float] = field(default_factory=dict)  # run id -> when a committed tick cancelled it
+    # model -> step times its jobs measured, [GPUs, nodes, per-GPU batch, step s, sync s] rows, newest last
+    model_obs: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
         return cls(dict(cursor.get("submit", {})), dict(cursor.get("spec_hash", {})), dict(cursor.get("failed", {})),
-                   dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})))
+                   dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})),
+                   {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()})
+
+    def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
+        """Keep ``obs`` as the newest step times of ``model``: one row per (GPUs, nodes, per-GPU batch), at
+        most ``MODEL_OBS_KEPT`` of them (the oldest go first)."""
+        rows = {tuple(r[:3]): r for r in self.model_obs.get(model, [])}
+        for o in obs:
+            key = (o.num_gpus, o.num_nodes, o.per_gpu_batch)
+            rows.pop(key, None)
+            rows[key] = [o.num_gpus, o.num_nodes, o.per_gpu_batch, o.step_time_s, o.sync_time_s]
+        self.model_obs[model] = list(rows.values())[-MODEL_OBS_KEPT:]
+
+    def prior_obs(self, model: str) -> tuple[ThroughputObs, ...]:
+        return tuple(ThroughputObs(int(g), int(n), int(b), float(t), float(s))
+                     for g, n, b, t, s in self.model_obs.get(model, []))
 
 
 @dataclass
@@ -157,6 +184,9 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
     failure), and the running jobs whose spec file changed."""
     views: list[JobView] = []
     spec_changed: set[str] = set()
+    for job, pr in inputs.progress.items():  # remembered for later jobs of the same model
+        if pr.throughput_obs and job in inputs.specs:
+            state.remember(inputs.specs[job].model, pr.throughput_obs)
     for job, spec in inputs.specs.items():
         if job in inputs.finished or job in state.failed:
             continue
@@ -212,7 +242,8 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         run_time_s=sum(r.held_s(now) for r in ran),
         last_change_s=(cur.start_s or cur.created_s) if cur else None,
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
-        max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0))
+        max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0),
+        model_obs=() if pr.throughput_obs else state.prior_obs(spec.model))
 
 
 def policy_ref(state: Mapping[str, Any]) -> str:
@@ -373,4 +404,5 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]
         "failed": state.failed,
         "launch_epochs": {j: e for j, e in state.launch_epochs.items() if j in inputs.specs},
         "cancelling": {r: t for r, t in state.cancelling.items() if inputs.now - t < CANCEL_PENDING_S},
+        "model_obs": state.model_obs,
     }
