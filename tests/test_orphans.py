@@ -81,10 +81,14 @@ def test_a_training_step_interrupts_itself_when_its_run_worker_dies(tmp_path):
     pytest.importorskip("dagster")
     out = tmp_path / "out"
     _orphan(tmp_path, f"""
-        import os, time
+        import os, signal, time
         from pathlib import Path
         from ones_pipeline.defs.assets import _interrupt_when_orphaned
         out = Path({str(out)!r})
+        # A step under Dagster has Dagster's SIGINT handler. Outside it, Python's default one, which Python
+        # does not install when SIGINT was ignored at its start (tests run in the background by a shell):
+        # install it, as Dagster installs its own.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             with _interrupt_when_orphaned(poll_s=0.05):
                 parent = os.getppid()
