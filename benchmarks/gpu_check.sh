@@ -83,10 +83,12 @@ WORK_S="${LIVE_AB_WORK_S:-100}"
 if [ "$WORK_S" != "0" ]; then
   SCALE="$("$PY" - "$URI" "$WORK_S" <<'PY' || echo 0.3
 import sys
+sys.path.insert(0, "benchmarks")
+from live_ab import GPU_TEMPLATES
 from ones_pipeline.adapters.mlflow import read_progress
 rate = read_progress(sys.argv[1], "ones", ["gpu-r18-128"])["gpu-r18-128"].metrics.get("samples_per_s") or 1000.0
-# The 4-job GPU mix holds about 367 000 samples at --scale 1 (live_ab.GPU_TEMPLATES).
-print(f"{max(float(sys.argv[2]) * rate / 367_000, 0.05):.3f}")
+samples = sum((lo + hi) / 2 for _, _, _, (lo, hi), _ in GPU_TEMPLATES[:4])  # the 4-job mix at --scale 1
+print(f"{max(float(sys.argv[2]) * rate / samples, 0.05):.3f}")
 PY
 )"
   echo "scale $SCALE"

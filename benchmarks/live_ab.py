@@ -363,7 +363,8 @@ def use_gpus() -> str:
     from ones_pipeline.adapters.inventory import discover
 
     inv = discover()
-    SLOTS = max(len(inv.gpus), 1) if inv.gpus else SLOTS
+    if inv.gpus:
+        SLOTS = len(inv.gpus)
     ENV["cluster"] = {"gpus": "auto", "cpu_slots": SLOTS}
     return f"{len(inv.gpus)} GPU(s): {inv.reason}" if inv.gpus else f"no GPU ({inv.reason}): {SLOTS} CPU slots"
 

@@ -263,10 +263,10 @@ class OnesPolicy(PolicyBase):
         ctx, batches = self._context(cluster, jobs, current)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
-        if self.config.keep_unless_better:
-            best = _keep_unless_better(ctx, best)
         if self.config.placement_rescore > 0 and self.config.job_batch:
             best = self._placement_rescore(cluster, jobs, current, ctx, pop, fit)
+        if self.config.keep_unless_better:  # last, so that no later step puts back what it undid
+            best = _keep_unless_better(ctx, best)
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), batches,
                                         self.config.consolidate_moves)
         if not self.config.job_batch:

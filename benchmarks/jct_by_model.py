@@ -1,0 +1,95 @@
+"""Mean JCT per model: where each policy's mean JCT goes, from the cached runs of ``policy_quality.py``.
+
+Default: over the chosen Pollux workloads (seed ``--seed``), per model, the number of jobs, the mean of each
+job's least time alone (``sim.bound``'s relaxation (a)), each policy's mean JCT, ``ones`` against
+``pollux``, the model's share of ``ones``' summed JCT and what the model adds to ``ones``' mean minus
+``pollux``'s (the table in ``docs/ones_policy.md``). The runs must be cached (``out/policy_quality/``):
+run ``policy_quality.py`` for those workloads and policies first.
+
+``--detail W``: simulate workload ``W`` (a ``policy_quality`` token: ``1``, ``0.5:4``) under each policy
+(``--params`` JSON for ``ones``) and print per model the mean JCT, wait before the first start, restarts,
+wall time holding GPUs and GPUs held on average.
+
+    python benchmarks/jct_by_model.py [--workloads 1,2,3,4,5,6,7,8] [--policies pollux,sia,ones]
+    python benchmarks/jct_by_model.py --detail 0.5:4 --policies ones,pollux [--params '{...}']
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+from policy_quality import CACHE, _config, workloads  # same folder (the script's folder is on sys.path)
+
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.bound import _per_job
+from ones_pipeline.sim.runner import run_one
+
+CLUSTER = Cluster.uniform(16, 4)
+
+
+def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
+    jct: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    total = 0
+    for label, spec in workloads(tokens).items():
+        jobs = spec.load()
+        total += len(jobs)
+        runs = {}
+        for p in policies:
+            path = CACHE / f"{label}-{p}-s{seed}.json"
+            if not path.is_file():
+                raise SystemExit(f"jct_by_model: {path} is missing: run policy_quality.py --workloads "
+                                 f"{','.join(tokens)} --policies {','.join(policies)} --seed {seed} first")
+            runs[p] = json.loads(path.read_text())["jct_s"]
+        for i, job in enumerate(jobs):
+            jct[job.spec.model]["alone"].append(_per_job(job, CLUSTER, 24, 200)[0])
+            for p in policies:
+                jct[job.spec.model][p].append(runs[p][i])
+    ones_sum = sum(sum(v["ones"]) for v in jct.values()) if "ones" in policies else None
+    cols = ["model", "jobs", "alone"] + policies
+    extra = ["ones / pollux", "share of ones' mean JCT", "ones - pollux, on the mean"]
+    both = "ones" in policies and "pollux" in policies
+    print("| " + " | ".join(cols + (extra if both else [])) + " |")
+    print("|---" * (len(cols) + (len(extra) if both else 0)) + "|")
+    for model, v in sorted(jct.items(), key=lambda kv: -sum(kv[1][policies[-1]])):
+        row = [model, str(len(v["alone"])), f"{np.mean(v['alone']):.0f}"] + [f"{np.mean(v[p]):.0f}" for p in policies]
+        if both:
+            o, p = np.array(v["ones"]), np.array(v["pollux"])
+            row += [f"{o.mean() / p.mean():.2f}x", f"{o.sum() / ones_sum * 100:.0f} %",
+                    f"{(o.sum() - p.sum()) / total:+.1f} s"]
+        print("| " + " | ".join(row) + " |")
+
+
+def detail(token: str, policies: list[str], params: dict, seed: int) -> None:
+    (label, spec), = workloads([token]).items()
+    for policy in policies:
+        res = run_one(spec, policy, CLUSTER, _config(), seed, params if policy == "ones" else {})
+        rows: dict[str, list[tuple]] = defaultdict(list)
+        for j in res.jobs:
+            rows[j.model].append((j.jct_s, j.wait_s, j.restarts, j.run_s, j.gpu_s / max(j.run_s, 1e-9)))
+        print(f"{label} {policy}: mean JCT {np.mean([j.jct_s for j in res.jobs]):.0f} s")
+        for model, v in sorted(rows.items()):
+            a = np.array(v)
+            print(f"  {model:12s} jobs {len(a):3d}  JCT {a[:, 0].mean():8.0f} s  wait {a[:, 1].mean():6.0f} s  "
+                  f"restarts {a[:, 2].mean():5.2f}  holding GPUs {a[:, 3].mean():8.0f} s  GPUs {a[:, 4].mean():5.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--policies", default="pollux,sia,ones")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--detail", default=None, help="simulate this workload and print per-model details")
+    ap.add_argument("--params", default="{}", help="JSON object of OnesPolicy options (with --detail)")
+    args = ap.parse_args()
+    policies = [p for p in args.policies.split(",") if p]
+    if args.detail:
+        detail(args.detail, policies, json.loads(args.params), args.seed)
+    else:
+        by_model([w for w in args.workloads.split(",") if w], policies, args.seed)
+
+
+if __name__ == "__main__":
+    main()
