@@ -124,6 +124,8 @@ class OnesParams(PolicyParams):
     unmeasured_gpus: int | str | None = None
     tail_srpt: bool = False
     keep_unless_better: bool = False
+    tail_p: float | str | None = None
+    tail_norm: str = "cluster"
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -170,9 +172,17 @@ class OnesParams(PolicyParams):
             unmeasured_gpus=_check_unmeasured(n, self.unmeasured_gpus),
             tail_srpt=check_bool(n, "tail_srpt", self.tail_srpt),
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
+            tail_p=(self.tail_p if self.tail_p in (None, "auto") else check_float(n, "tail_p", self.tail_p, 0.0, 0.98)),
+            tail_norm=_check_choice(n, "tail_norm", self.tail_norm, ("cluster", "mean")),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+
+
+def _check_choice(policy: str, field: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{policy}: {field} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def _check_unmeasured(policy: str, value: Any) -> int | str | None:
@@ -296,7 +306,7 @@ class OnesPolicy(PolicyBase):
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt)
+                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt, c.tail_p, c.tail_norm)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
