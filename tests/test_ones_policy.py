@@ -165,6 +165,9 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "unmeasured_gpus", "all", r'ones: unmeasured_gpus must be null, "request" or an integer >= 1'),
     (OnesParams, "tail_srpt", "yes", "ones: tail_srpt must be true or false"),
     (OnesParams, "keep_unless_better", 1, "ones: keep_unless_better must be true or false"),
+    (OnesParams, "hesrpt", 1.0, "ones: hesrpt must be a finite number >= 0.0 and <= 0.98, got 1.0"),
+    (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
+    (OnesParams, "hesrpt_scope", "some", "ones: hesrpt_scope must be one of all, late, got 'some'"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -314,6 +317,52 @@ def test_the_srpt_tail_favours_the_late_job_closest_to_done_where_plain_terms_ar
     tail = _Ctx(*args, tail_srpt=True).fitness(pop)
     assert tail[0] < tail[2] < tail[1]
     assert np.allclose(tail[0], 2 * 1800 + 1150 + 5700)  # A: 46 000 left at 40/s; B: (4600 + 18 200) GPU-s / 4
+
+
+def test_hesrpt_weights_give_the_least_sum_of_completion_times_of_two_jobs_sharing_a_cluster():
+    """heSRPT's closed form, checked against a brute-force search over how two jobs that speed up as
+    ``n ** p`` split a cluster of N until the smaller one finishes (then the larger has it all)."""
+    from ones_pipeline.core.policies.ones_fitness import _hesrpt_w
+
+    N = 64.0
+    for p in (0.3, 0.5, 0.8):
+        for big, small in ((10.0, 3.0), (5.0, 4.9)):
+            share = np.linspace(1e-4, 1 - 1e-4, 200_001)
+            t_small = small / (share * N) ** p
+            left = big - t_small * ((1 - share) * N) ** p
+            total = np.where(left > 0, 2 * t_small + left / N ** p, np.inf).min()
+            w = _hesrpt_w(np.array([1.0, 2.0]), np.array([p, p]))
+            assert total == pytest.approx((w[0] * big + w[1] * small) / N ** p, rel=1e-6)
+    ranks = np.arange(1.0, 6.0)
+    assert np.allclose(_hesrpt_w(ranks, np.zeros(5)), 1.0)  # nothing speeds up: every job counts once
+    assert np.allclose(_hesrpt_w(ranks, np.full(5, 0.98)), ranks, rtol=1e-3)  # linear: SRPT's weights
+
+
+def test_hesrpt_makes_the_search_finish_the_job_closest_to_done_first_where_plain_terms_are_indifferent():
+    """Two late jobs with linear goodput: valued alone every split is worth the same. With ``hesrpt``
+    (either scope) the job with less left counts more, so the split favouring it wins; at p = 0 the
+    weights are all 1 and the fitness is the plain one."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
+    args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
+            np.array([0.0, 0.0]), np.array([4, 4]))
+    pop = np.array([[3, 1], [1, 3], [2, 2]])
+    plain = _Ctx(*args).fitness(pop)
+    assert np.allclose(_Ctx(*args, hesrpt=0.0).fitness(pop), plain)
+    for scope in ("all", "late"):
+        fit = _Ctx(*args, hesrpt=0.8, hesrpt_scope=scope).fitness(pop)
+        assert fit[0] < fit[2] < fit[1], scope
+    ctx = _Ctx(*args, hesrpt="auto")
+    assert np.allclose(ctx.scaling_exponent(), 1.0)  # linear table: p = 1 (clipped to 0.98 in the weights)
+    w = ctx.job_weights()
+    assert w[0] > w[1]  # the job with less left weighs more
+    # One decision of the policy with the option on is valid and keeps its parameters.
+    rng = np.random.default_rng(0)
+    cluster, jobs, current = random_scheduler_state(rng, 12, 4, 4)
+    pol = OnesPolicy(seed=0, hesrpt=0.5)
+    pol.decide(0.0, cluster, jobs, current).validate(cluster, {j.name: j.spec for j in jobs})
+    assert pol.params()["hesrpt"] == 0.5 and pol.params()["hesrpt_scope"] == "all"
 
 
 def test_keep_unless_better_undoes_changes_that_buy_nothing_and_keeps_those_that_do():

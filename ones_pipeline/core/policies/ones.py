@@ -94,6 +94,11 @@ class OnesParams(PolicyParams):
     pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
     only approximate the fitness. ``keep_unless_better``: after the search, changes to running jobs' counts
     are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
+    ``hesrpt`` (null, a speedup exponent p in [0, 0.98], or "auto": each job's own from its goodput table):
+    the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
+    among jobs that all speed up as ``n ** p``), so that the jobs with the least work left count the most;
+    ``hesrpt_scope`` "all": a weighted sum of every job's completion time (``OnesContext.job_weights``);
+    "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``).
     """
 
     policy = "ones"
@@ -124,8 +129,8 @@ class OnesParams(PolicyParams):
     unmeasured_gpus: int | str | None = None
     tail_srpt: bool = False
     keep_unless_better: bool = False
-    tail_p: float | str | None = None
-    tail_norm: str = "cluster"
+    hesrpt: float | str | None = None
+    hesrpt_scope: str = "all"
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -172,8 +177,8 @@ class OnesParams(PolicyParams):
             unmeasured_gpus=_check_unmeasured(n, self.unmeasured_gpus),
             tail_srpt=check_bool(n, "tail_srpt", self.tail_srpt),
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
-            tail_p=(self.tail_p if self.tail_p in (None, "auto") else check_float(n, "tail_p", self.tail_p, 0.0, 0.98)),
-            tail_norm=_check_choice(n, "tail_norm", self.tail_norm, ("cluster", "mean")),
+            hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
+            hesrpt_scope=_check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -306,7 +311,8 @@ class OnesPolicy(PolicyBase):
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt, c.tail_p, c.tail_norm)
+                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
+                   c.hesrpt, c.hesrpt_scope)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

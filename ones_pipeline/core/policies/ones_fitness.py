@@ -19,11 +19,12 @@ class OnesContext:
     def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
-                 shrink_cost_factor: float = 1.0, tail_srpt: bool = False, tail_p: float | None = None,
-                 tail_norm: str = "cluster"):
+                 shrink_cost_factor: float = 1.0, tail_srpt: bool = False, hesrpt: float | str | None = None,
+                 hesrpt_scope: str = "all"):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
         self.tail_srpt = tail_srpt
-        self.tail_p, self.tail_norm = tail_p, tail_norm
+        self.hesrpt, self.hesrpt_scope = hesrpt, hesrpt_scope
+        self._weights: np.ndarray | None = None
         self.shrink_cost_factor = shrink_cost_factor
         # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
         self.cur_rate = cur_rate
@@ -211,10 +212,12 @@ class OnesContext:
         late = left / self.ref_rate[None, :]
         if self.tail_srpt:
             late = np.maximum(late, self._srpt_tail(np.where(done_by > H, left, np.inf)))
-        if self.tail_p is not None:
-            late = late * self._hesrpt_weights(late, done_by > H)
+        if self.hesrpt is not None and self.hesrpt_scope == "late":
+            late = late * self._late_weights(late, done_by > H)
         late = H + late
         completion = np.where(done_by <= H, done_by, late)
+        if self.hesrpt is not None and self.hesrpt_scope == "all":
+            completion = completion * self.job_weights()[None, :]
         if self.gpu_time_weight <= 0:
             return completion, np.zeros_like(completion)
         # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond what the
@@ -225,41 +228,51 @@ class OnesContext:
         ref = progress / self.best_rate_per_gpu[None, :]
         return completion, np.maximum(used - ref, 0.0)
 
-    def _hesrpt_weights(self, late: np.ndarray, is_late: np.ndarray) -> np.ndarray:
-        """(P, J) the factor on each late job's leftover time (at its requested count) under the optimal
-        sharing of the cluster among the jobs still running at the horizon, when every job speeds up as
-        ``n ** p`` (heSRPT, Berg et al. 2020): with the late jobs' work at one GPU ``u`` (leftover time x
-        ``request ** p``) ranked largest first (k = 1 .. M), the least sum of their completion times after
-        the horizon is ``sum_k w_k u_k / G ** p``, ``w_k = (k ** a - (k - 1) ** a) ** (1 / a)``,
-        ``a = 1 / (1 - p)``. So a late job's leftover counts ``w_k (request / G) ** p`` times
-        (``tail_norm`` "cluster"), or ``w_k`` over the late jobs' mean weight ("mean": only the ranking),
-        instead of once: the shortest late jobs' progress is worth the most, as under SRPT, softened by
-        how well jobs scale (p = 0: no job speeds up, every factor 1; p -> 1: SRPT's weights 1 .. M).
-        ``tail_p`` "auto": each job's own exponent (``scaling_exponent``) in its own weight and factor."""
-        p = self.scaling_exponent()[None, :] if self.tail_p == "auto" else np.full((1, late.shape[1]), float(self.tail_p))
-        p = np.clip(p, 0.0, 0.98)
+    def _hesrpt_exponent(self) -> np.ndarray:
+        """(J,) the speedup exponent ``p`` of ``hesrpt``: the option's number, or each job's own
+        (``scaling_exponent``) for "auto"; clipped to [0, 0.98]."""
+        if self.hesrpt == "auto":
+            return np.clip(self.scaling_exponent(), 0.0, 0.98)
+        return np.full(len(self.caps), min(max(float(self.hesrpt), 0.0), 0.98))
+
+    def _late_weights(self, late: np.ndarray, is_late: np.ndarray) -> np.ndarray:
+        """(P, J) ``hesrpt_scope`` "late": the factor on each late job's leftover time (at its requested
+        count). When every job speeds up as ``n ** p``, the least sum of completion times of jobs all present
+        (heSRPT, Berg et al. 2020) is ``sum_k w_k u_k / G ** p`` over their work at one GPU ``u`` (here the
+        leftover time x ``request ** p``) ranked largest first (k = 1 .. M), ``w_k`` from ``_hesrpt_w``. So a
+        late job's leftover counts ``w_k (request / G) ** p`` times instead of once: the shortest late jobs'
+        progress is worth the most, as under SRPT, softened by how well jobs scale (p = 0: every factor 1;
+        p -> 1: SRPT's weights 1 .. M)."""
+        p = self._hesrpt_exponent()[None, :]
         need = self.need.astype(float)[None, :]
         u = np.where(is_late, late * need ** p, -np.inf)
+        ranks = np.empty(late.shape)
         order = np.argsort(-u, axis=1, kind="stable")  # largest first; jobs done by the horizon last
-        P, J = late.shape
-        ranks = np.empty((P, J))
-        np.put_along_axis(ranks, order, np.broadcast_to(np.arange(1, J + 1, dtype=float), (P, J)), axis=1)
-        w = _hesrpt_w(ranks, p)
-        if self.tail_norm == "mean":
-            m = np.maximum(is_late.sum(axis=1, keepdims=True), 1)
-            mean_w = np.where(is_late, w, 0.0).sum(axis=1, keepdims=True) / m
-            return np.where(is_late, w / np.maximum(mean_w, 1e-12), 1.0)
-        return np.where(is_late, w * (need / max(self.G, 1)) ** p, 1.0)
+        np.put_along_axis(ranks, order, np.broadcast_to(np.arange(1.0, late.shape[1] + 1), late.shape), axis=1)
+        return np.where(is_late, _hesrpt_w(ranks, p) * (need / max(self.G, 1)) ** p, 1.0)
+
+    def job_weights(self) -> np.ndarray:
+        """(J,) ``hesrpt_scope`` "all": each job's weight in a weighted sum of completion times, its heSRPT
+        marginal value ``w_k (request / G) ** p`` (``_late_weights``) with every active job ranked by its
+        remaining time at its requested count x ``request ** p`` (largest first). Computed once a decision."""
+        if self._weights is None:
+            p = self._hesrpt_exponent()
+            need = self.need.astype(float)
+            u = self.remaining / self.ref_rate * need ** p
+            ranks = np.empty(len(u))
+            ranks[np.argsort(-u, kind="stable")] = np.arange(1.0, len(u) + 1)
+            self._weights = _hesrpt_w(ranks, p) * (need / max(self.G, 1)) ** p
+        return self._weights
 
     def scaling_exponent(self) -> np.ndarray:
-        """(J,) each job's speedup exponent ``p`` (goodput ~ n ** p) between its requested count and the most
-        it may hold, from the goodput table; 0.5 where the two are equal."""
-        lo = self.need
+        """(J,) each job's speedup exponent ``p`` (goodput ~ n ** p) between its requested count (at most half
+        the most it may hold) and the most it may hold, from the goodput table; 0.5 for a job capped at 1."""
         hi = np.minimum(self.caps, self.G)
+        lo = np.maximum(np.minimum(self.need, hi // 2), 1)
         g_lo = np.maximum(self.table[self.idx, lo], 1e-12)
         g_hi = np.maximum(self.table[self.idx, hi], 1e-12)
         with np.errstate(divide="ignore", invalid="ignore"):
-            p = np.log(g_hi / g_lo) / np.log(hi / lo)
+            p = np.log(g_hi / g_lo) / np.log(np.maximum(hi, 1) / lo)
         return np.where(hi > lo, np.clip(p, 0.0, 1.0), 0.5)
 
     def _srpt_tail(self, left: np.ndarray) -> np.ndarray:
