@@ -12,6 +12,14 @@ wall time holding GPUs and GPUs held on average.
 
     python benchmarks/jct_by_model.py [--workloads 1,2,3,4,5,6,7,8] [--policies pollux,sia,ones]
     python benchmarks/jct_by_model.py --detail 0.5:4 --policies ones,pollux [--params '{...}']
+
+``--timeline M1,M2`` (with ``--detail``): also each job of those models, its submission, JCT and every change
+of its GPU count (hours since the start, GPUs). ``--scaling W``: per model of workload ``W``, its best
+goodput (over the batch grid of ``sim.bound``) at 1-64 GPUs relative to 1 GPU, at 10, 50 and 90 % of its
+progress: how close to linear each model scales, and when.
+
+    python benchmarks/jct_by_model.py --detail 1 --policies ones,pollux --timeline imagenet
+    python benchmarks/jct_by_model.py --scaling 1
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ import numpy as np
 from policy_quality import CACHE, _config, workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _per_job
+from ones_pipeline.sim.bound import _per_job, _placements, _split
 from ones_pipeline.sim.runner import run_one
 
 CLUSTER = Cluster.uniform(16, 4)
@@ -62,7 +70,38 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
         print("| " + " | ".join(row) + " |")
 
 
-def detail(token: str, policies: list[str], params: dict, seed: int) -> None:
+def scaling(token: str) -> None:
+    (label, spec), = workloads([token]).items()
+    counts = (1, 2, 4, 8, 16, 32, 64)
+    placements = _placements(CLUSTER, max(counts))
+    print(f"{label}: best goodput at n GPUs / at 1 GPU, at 10 % | 50 % | 90 % of the progress; n = {counts}")
+    seen = set()
+    for job in spec.load():
+        if job.spec.model in seen:
+            continue
+        seen.add(job.spec.model)
+        truth, s = job.truth, job.spec
+        m0 = int(s.min_global_batch or s.per_gpu_batch)
+        top = s.global_batch_cap if s.global_batch_cap < 2**60 else 64 * m0
+        batches = sorted({int(round(b)) for b in np.geomspace(m0, max(top, m0), 24)})
+        parts = []
+        for frac in (0.1, 0.5, 0.9):
+            at = frac * truth.total_progress
+            best = []
+            for n in counts:
+                rates = [0.0]
+                for b in batches:
+                    micro, accum = _split(truth, n, b)
+                    if micro >= 1:
+                        step, sync = truth.step_time(placements[n - 1], micro)
+                        total = n * micro * (accum + 1)
+                        rates.append(total / (step + accum * (step - sync)) * truth.efficiency(at, total))
+                best.append(max(rates))
+            parts.append(" ".join(f"{g / best[0]:5.1f}" for g in best))
+        print(f"  {s.model:12s} | " + " | ".join(parts))
+
+
+def detail(token: str, policies: list[str], params: dict, seed: int, timeline: list[str] | None = None) -> None:
     (label, spec), = workloads([token]).items()
     for policy in policies:
         res = run_one(spec, policy, CLUSTER, _config(), seed, params if policy == "ones" else {})
@@ -74,6 +113,11 @@ def detail(token: str, policies: list[str], params: dict, seed: int) -> None:
             a = np.array(v)
             print(f"  {model:12s} jobs {len(a):3d}  JCT {a[:, 0].mean():8.0f} s  wait {a[:, 1].mean():6.0f} s  "
                   f"restarts {a[:, 2].mean():5.2f}  holding GPUs {a[:, 3].mean():8.0f} s  GPUs {a[:, 4].mean():5.2f}")
+        print(f"  makespan {res.makespan_s / 3600:.2f} h")
+        for j in res.jobs:
+            if timeline and j.model in timeline:
+                changes = " ".join(f"{t / 3600:.2f}h:{n}" for t, name, n in res.timeline if name == j.name)
+                print(f"    {j.name}: submitted {j.submit_s / 3600:.2f} h, JCT {j.jct_s:.0f} s; {changes}")
 
 
 def main() -> None:
@@ -83,10 +127,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--detail", default=None, help="simulate this workload and print per-model details")
     ap.add_argument("--params", default="{}", help="JSON object of OnesPolicy options (with --detail)")
+    ap.add_argument("--timeline", default="", help="models whose jobs' GPU counts to print (with --detail)")
+    ap.add_argument("--scaling", default=None, help="print how each model of this workload scales")
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
-    if args.detail:
-        detail(args.detail, policies, json.loads(args.params), args.seed)
+    if args.scaling:
+        scaling(args.scaling)
+    elif args.detail:
+        detail(args.detail, policies, json.loads(args.params), args.seed,
+               [m for m in args.timeline.split(",") if m])
     else:
         by_model([w for w in args.workloads.split(",") if w], policies, args.seed)
 
