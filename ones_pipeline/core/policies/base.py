@@ -49,6 +49,12 @@ def check_float(policy: str, field: str, value: Any, minimum: float | None = Non
     return value
 
 
+def check_choice(policy: str, field: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{policy}: {field} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
+
+
 def check_probability(policy: str, field: str, value: Any) -> float:
     return check_float(policy, field, value, 0.0, 1.0)
 

@@ -37,6 +37,7 @@ from ones_pipeline.core.policies.base import (
     PolicyBase,
     PolicyParams,
     check_bool,
+    check_choice,
     check_float,
     check_int,
     check_probability,
@@ -178,16 +179,10 @@ class OnesParams(PolicyParams):
             tail_srpt=check_bool(n, "tail_srpt", self.tail_srpt),
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
             hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
-            hesrpt_scope=_check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
+            hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
-
-
-def _check_choice(policy: str, field: str, value: Any, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"{policy}: {field} must be one of {', '.join(allowed)}, got {value!r}")
-    return value
 
 
 def _check_unmeasured(policy: str, value: Any) -> int | str | None:
