@@ -12,11 +12,16 @@ Every finished simulation is cached as JSON under ``out/policy_quality/`` (per-j
 so an interrupted run continues where it stopped; ``--fresh`` ignores the cache.
 
     python benchmarks/policy_quality.py [--workloads 1,6,ones50] [--policies pollux,sia] [--processes 2]
+
+``--ones-params JSON``: ``ones`` with these options (cached apart, under a name with the options' hash), to
+see a candidate setting's whole table, p99 and makespan included; write it with ``--out`` elsewhere than
+``docs/results.md``, which shows the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -91,10 +96,13 @@ def _config() -> SimConfig:
     return SimConfig(interval_s=60.0, restart_cost_s=30.0)
 
 
+ONES_PARAMS: dict = {}  # --ones-params (set before the pool forks)
+
+
 def _job(args):
     label, spec, policy, seed = args
     t0 = time.perf_counter()
-    result = run_one(spec, policy, Cluster.uniform(16, 4), _config(), seed)
+    result = run_one(spec, policy, Cluster.uniform(16, 4), _config(), seed, ONES_PARAMS if policy == "ones" else None)
     wall = time.perf_counter() - t0
     record = {"summary": summarise(result), "wall_s": wall, "jct_s": [j.jct_s for j in result.jobs],
               "restarts_per_job": float(np.mean([j.restarts for j in result.jobs]))}
@@ -102,6 +110,9 @@ def _job(args):
 
 
 def _cache_path(label: str, policy: str, seed: int) -> Path:
+    if policy == "ones" and ONES_PARAMS:
+        digest = hashlib.sha1(json.dumps(ONES_PARAMS, sort_keys=True).encode()).hexdigest()[:10]
+        return CACHE / f"{label}-{policy}-{digest}-s{seed}.json"
     return CACHE / f"{label}-{policy}-s{seed}.json"
 
 
@@ -257,7 +268,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--fresh", action="store_true", help="ignore cached simulations")
+    parser.add_argument("--ones-params", default="{}", help="JSON object of OnesPolicy options for ones")
     args = parser.parse_args()
+    ONES_PARAMS.update(json.loads(args.ones_params))
     specs = workloads([w for w in args.workloads.split(",") if w])
     policies = [p for p in args.policies.split(",") if p]
     published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}

@@ -424,10 +424,18 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
     short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
                     submit_time_s=100.0)
     current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
-    full = make_policy("ones", seed=0, restart_cost_fraction=0.0).decide(110.0, cluster, [long, short], current)
-    scaled = make_policy("ones", seed=0, restart_cost_fraction=0.25).decide(110.0, cluster, [long, short], current)
+    # Without the heSRPT weights (``hesrpt`` None, the default), the churn charge alone decides.
+    full = make_policy("ones", seed=0, restart_cost_fraction=0.0, hesrpt=None).decide(110.0, cluster, [long, short],
+                                                                                       current)
+    scaled = make_policy("ones", seed=0, restart_cost_fraction=0.25, hesrpt=None).decide(110.0, cluster,
+                                                                                         [long, short], current)
     assert full.allocations["long"].gpus == (0, 1) and "short" not in full.allocations
     assert len(scaled.allocations["long"].gpus) == 1 and len(scaled.allocations["short"].gpus) == 1
+    # With them (``hesrpt`` 0.3, off by default), the short job weighs more than the long one, so even the full
+    # charge lets it in.
+    weighted = make_policy("ones", seed=0, restart_cost_fraction=0.0, hesrpt=0.3).decide(110.0, cluster,
+                                                                                        [long, short], current)
+    assert len(weighted.allocations["long"].gpus) == 1 and len(weighted.allocations["short"].gpus) == 1
     # The charge itself: f x time left, within [floor, restart_cost_s].
     params = OnesParams(restart_cost_fraction=0.25)
     table = np.array([[0.0, 10.0, 20.0], [0.0, 10.0, 20.0], [0.0, 10.0, 20.0]])
