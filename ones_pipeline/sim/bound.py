@@ -14,7 +14,9 @@ Two relaxations, and their combination, which is the bound:
 (c) **Both at once** (the bound). In any schedule every job ``j`` ends no earlier than ``a_j``, its end in
     (a), and the ``k``-th job to end ends no earlier than ``L_k``, the ``k``-th completion under (b): on
     one machine with release times, preemptive SRPT completes at least as many jobs as any schedule by
-    every instant (Schrage, 1968), so it minimises every order statistic of the completion times, and a
+    every instant (the exchange argument behind its optimality for mean completion time: at any instant
+    it has finished the most jobs the work served so far allows), so it minimises every order statistic
+    of the completion times, and a
     real schedule maps onto that machine. The ``k``-th job to end ends no earlier than the larger of
     ``L_k`` and its own ``a``; summed over ``k``, the least this can be over all orders of the jobs is
     with both lists sorted and paired in order (the sum of ``max(a, L)`` over a pairing, which is half the
