@@ -32,7 +32,7 @@ import numpy as np
 from policy_quality import CACHE, _config, workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _per_job, _placements, _split
+from ones_pipeline.sim.bound import _batch_grid, _config_rate, _per_job, _placements
 from ones_pipeline.sim.runner import run_one
 
 CLUSTER = Cluster.uniform(16, 4)
@@ -81,22 +81,14 @@ def scaling(token: str) -> None:
             continue
         seen.add(job.spec.model)
         truth, s = job.truth, job.spec
-        m0 = int(s.min_global_batch or s.per_gpu_batch)
-        top = s.global_batch_cap if s.global_batch_cap < 2**60 else 64 * m0
-        batches = sorted({int(round(b)) for b in np.geomspace(m0, max(top, m0), 24)})
+        batches = sorted(_batch_grid(s, 24))
         parts = []
         for frac in (0.1, 0.5, 0.9):
             at = frac * truth.total_progress
             best = []
             for n in counts:
-                rates = [0.0]
-                for b in batches:
-                    micro, accum = _split(truth, n, b)
-                    if micro >= 1:
-                        step, sync = truth.step_time(placements[n - 1], micro)
-                        total = n * micro * (accum + 1)
-                        rates.append(total / (step + accum * (step - sync)) * truth.efficiency(at, total))
-                best.append(max(rates))
+                rated = [r for r in (_config_rate(truth, placements[n - 1], b) for b in batches) if r is not None]
+                best.append(max([thr * truth.efficiency(at, total) for total, thr in rated], default=0.0))
             parts.append(" ".join(f"{g / best[0]:5.1f}" for g in best))
         print(f"  {s.model:12s} | " + " | ".join(parts))
 

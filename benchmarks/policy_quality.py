@@ -96,22 +96,20 @@ def _config() -> SimConfig:
     return SimConfig(interval_s=60.0, restart_cost_s=30.0)
 
 
-ONES_PARAMS: dict = {}  # --ones-params (set before the pool forks)
-
-
 def _job(args):
-    label, spec, policy, seed = args
+    label, spec, policy, seed, params = args
     t0 = time.perf_counter()
-    result = run_one(spec, policy, Cluster.uniform(16, 4), _config(), seed, ONES_PARAMS if policy == "ones" else None)
+    result = run_one(spec, policy, Cluster.uniform(16, 4), _config(), seed, params)
     wall = time.perf_counter() - t0
     record = {"summary": summarise(result), "wall_s": wall, "jct_s": [j.jct_s for j in result.jobs],
               "restarts_per_job": float(np.mean([j.restarts for j in result.jobs]))}
     return label, policy, record
 
 
-def _cache_path(label: str, policy: str, seed: int) -> Path:
-    if policy == "ones" and ONES_PARAMS:
-        digest = hashlib.sha1(json.dumps(ONES_PARAMS, sort_keys=True).encode()).hexdigest()[:10]
+def _cache_path(label: str, policy: str, seed: int, params: dict | None = None) -> Path:
+    """Where a simulation is cached; a policy run with options (``--ones-params``) under their hash."""
+    if params:
+        digest = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
         return CACHE / f"{label}-{policy}-{digest}-s{seed}.json"
     return CACHE / f"{label}-{policy}-s{seed}.json"
 
@@ -122,18 +120,20 @@ def _plot(label: str, jcts: dict[str, list[float]], path: Path) -> None:
 
 
 def _simulate(specs: dict[str, WorkloadSpec], policies: list[str], seed: int, processes: int,
-              fresh: bool) -> dict[str, dict[str, dict]]:
-    """``{workload: {policy: record}}``: cached records, and the missing simulations run in parallel."""
+              fresh: bool, ones_params: dict | None = None) -> dict[str, dict[str, dict]]:
+    """``{workload: {policy: record}}``: cached records, and the missing simulations run in parallel
+    (``ones_params``: options of ``ones``)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     records: dict[str, dict[str, dict]] = {label: {} for label in specs}
+    params = {p: (ones_params or None) if p == "ones" else None for p in policies}
     tasks = []
     for label, spec in specs.items():
         for p in policies:
-            path = _cache_path(label, p, seed)
+            path = _cache_path(label, p, seed, params[p])
             if path.is_file() and not fresh:
                 records[label][p] = json.loads(path.read_text())
             else:
-                tasks.append((label, spec, p, seed))
+                tasks.append((label, spec, p, seed, params[p]))
     started = time.perf_counter()
     if tasks:
         print(f"{len(tasks)} simulations to run ({sum(len(r) for r in records.values())} cached)", file=sys.stderr)
@@ -142,7 +142,7 @@ def _simulate(specs: dict[str, WorkloadSpec], policies: list[str], seed: int, pr
             for k, fut in enumerate(as_completed(futures), 1):
                 label, policy, record = fut.result()
                 records[label][policy] = record
-                _cache_path(label, policy, seed).write_text(json.dumps(record))
+                _cache_path(label, policy, seed, params[policy]).write_text(json.dumps(record))
                 print(f"[{time.perf_counter() - started:6.0f}s] {k}/{len(tasks)} {label} {policy}: mean JCT "
                       f"{record['summary']['mean_jct_s']:.0f} s ({record['wall_s']:.0f} s wall)",
                       file=sys.stderr, flush=True)
@@ -270,11 +270,10 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="ignore cached simulations")
     parser.add_argument("--ones-params", default="{}", help="JSON object of OnesPolicy options for ones")
     args = parser.parse_args()
-    ONES_PARAMS.update(json.loads(args.ones_params))
     specs = workloads([w for w in args.workloads.split(",") if w])
     policies = [p for p in args.policies.split(",") if p]
     published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}
-    records = _simulate(specs, policies, args.seed, args.processes, args.fresh)
+    records = _simulate(specs, policies, args.seed, args.processes, args.fresh, json.loads(args.ones_params))
 
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)

@@ -93,15 +93,32 @@ def _split(truth, n: int, batch: int) -> tuple[int, int]:
     return math.ceil(local / (accum + 1)), accum
 
 
-def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[float, float]:
-    """(least run time alone in s, least GPU-seconds) of one job over its configurations."""
-    spec, truth = job.spec, job.truth
+def _batch_grid(spec, grid: int) -> set[int]:
+    """Total batches on a geometric grid of ``grid`` points from the job's smallest batch (``min_global_batch``
+    or ``per_gpu_batch``) to its largest (64x the smallest when uncapped)."""
     m0 = int(spec.min_global_batch or spec.per_gpu_batch)
     top = spec.global_batch_cap
     if top >= 2**60:
         top = 64 * m0
-    top = max(top, m0)
-    batches = sorted({int(round(b)) for b in np.geomspace(m0, top, grid)} | {spec.per_gpu_batch * spec.requested_gpus})
+    return {int(round(b)) for b in np.geomspace(m0, max(top, m0), grid)}
+
+
+def _config_rate(truth, placement: tuple[int, ...], batch: int) -> tuple[int, float] | None:
+    """(total batch as split, samples/s) of ``batch`` on ``placement`` (GPUs per node), split as the simulator
+    splits it; None where the split leaves no sample per GPU."""
+    n = sum(placement)
+    micro, accum = _split(truth, n, batch)
+    if micro < 1:
+        return None
+    step, sync = truth.step_time(placement, micro)
+    total = n * micro * (accum + 1)
+    return total, total / (step + accum * (step - sync))
+
+
+def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[float, float]:
+    """(least run time alone in s, least GPU-seconds) of one job over its configurations."""
+    spec, truth = job.spec, job.truth
+    batches = sorted(_batch_grid(spec, grid) | {spec.per_gpu_batch * spec.requested_gpus})
     n_max = max(1, min(spec.gpu_cap, cluster.num_gpus))
     placements = _placements(cluster, n_max)
     # Per batch: the best raw throughput over GPU counts, and the best throughput per GPU.
@@ -110,12 +127,10 @@ def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[flo
         best_t, best_g, real, real_t = 0.0, 0.0, b, b
         for pl in placements:
             n = sum(pl)
-            micro, accum = _split(truth, n, b)
-            if micro < 1:
+            rated = _config_rate(truth, pl, b)
+            if rated is None:
                 continue
-            step, sync = truth.step_time(pl, micro)
-            total = n * micro * (accum + 1)
-            thr = total / (step + accum * (step - sync))
+            total, thr = rated
             if thr > best_t:
                 best_t, real_t = thr, total
             if thr / n > best_g:

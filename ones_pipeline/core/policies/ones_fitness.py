@@ -244,24 +244,24 @@ class OnesContext:
         progress is worth the most, as under SRPT, softened by how well jobs scale (p = 0: every factor 1;
         p -> 1: SRPT's weights 1 .. M)."""
         p = self._hesrpt_exponent()[None, :]
-        need = self.need.astype(float)[None, :]
-        u = np.where(is_late, late * need ** p, -np.inf)
-        ranks = np.empty(late.shape)
-        order = np.argsort(-u, axis=1, kind="stable")  # largest first; jobs done by the horizon last
-        np.put_along_axis(ranks, order, np.broadcast_to(np.arange(1.0, late.shape[1] + 1), late.shape), axis=1)
-        return np.where(is_late, _hesrpt_w(ranks, p) * (need / max(self.G, 1)) ** p, 1.0)
+        u = np.where(is_late, late * self.need[None, :] ** p, -np.inf)  # jobs done by the horizon rank last
+        return np.where(is_late, self._ranked_weights(u, p), 1.0)
+
+    def _ranked_weights(self, u: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """(P, J) ``w_k (request / G) ** p`` with ``k`` each job's rank in its row of ``u`` (work at one GPU),
+        largest first."""
+        ranks = np.empty(u.shape)
+        order = np.argsort(-u, axis=1, kind="stable")
+        np.put_along_axis(ranks, order, np.broadcast_to(np.arange(1.0, u.shape[1] + 1), u.shape), axis=1)
+        return _hesrpt_w(ranks, p) * (self.need[None, :] / max(self.G, 1)) ** p
 
     def job_weights(self) -> np.ndarray:
         """(J,) ``hesrpt_scope`` "all": each job's weight in a weighted sum of completion times, its heSRPT
         marginal value ``w_k (request / G) ** p`` (``_late_weights``) with every active job ranked by its
         remaining time at its requested count x ``request ** p`` (largest first). Computed once a decision."""
         if self._weights is None:
-            p = self._hesrpt_exponent()
-            need = self.need.astype(float)
-            u = self.remaining / self.ref_rate * need ** p
-            ranks = np.empty(len(u))
-            ranks[np.argsort(-u, kind="stable")] = np.arange(1.0, len(u) + 1)
-            self._weights = _hesrpt_w(ranks, p) * (need / max(self.G, 1)) ** p
+            p = self._hesrpt_exponent()[None, :]
+            self._weights = self._ranked_weights(self.remaining / self.ref_rate * self.need ** p, p)[0]
         return self._weights
 
     def scaling_exponent(self) -> np.ndarray:
