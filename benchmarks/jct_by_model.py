@@ -7,8 +7,9 @@ job's least time alone (``sim.bound``'s relaxation (a)), each policy's mean JCT,
 run ``policy_quality.py`` for those workloads and policies first.
 
 ``--detail W``: simulate workload ``W`` (a ``policy_quality`` token: ``1``, ``0.5:4``) under each policy
-(``--params`` JSON for ``ones``) and print per model the mean JCT, wait before the first start, restarts,
-wall time holding GPUs and GPUs held on average.
+(``--params`` JSON for ``ones``) and print the mean and p99 JCT, and per model the mean JCT, wait before the
+first start, time paused after it (JCT less the wait and the time holding GPUs: preempted to zero GPUs),
+restarts, wall time holding GPUs, GPUs held on average and GPU-hours per job.
 
     python benchmarks/jct_by_model.py [--workloads 1,2,3,4,5,6,7,8] [--policies pollux,sia,ones]
     python benchmarks/jct_by_model.py --detail 0.5:4 --policies ones,pollux [--params '{...}']
@@ -29,7 +30,7 @@ import json
 from collections import defaultdict
 
 import numpy as np
-from policy_quality import CACHE, _config, workloads  # same folder (the script's folder is on sys.path)
+from policy_quality import CACHE, _config, code_digest, workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _batch_grid, _config_rate, _per_job, _placements
@@ -47,10 +48,11 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
         runs = {}
         for p in policies:
             path = CACHE / f"{label}-{p}-s{seed}.json"
-            if not path.is_file():
-                raise SystemExit(f"jct_by_model: {path} is missing: run policy_quality.py --workloads "
-                                 f"{','.join(tokens)} --policies {','.join(policies)} --seed {seed} first")
-            runs[p] = json.loads(path.read_text())["jct_s"]
+            record = json.loads(path.read_text()) if path.is_file() else {}
+            if record.get("code") != code_digest(p):
+                raise SystemExit(f"jct_by_model: {path} is missing or was made by other code: run policy_quality.py "
+                                 f"--workloads {','.join(tokens)} --policies {','.join(policies)} --seed {seed} first")
+            runs[p] = record["jct_s"]
         for i, job in enumerate(jobs):
             jct[job.spec.model]["alone"].append(_per_job(job, CLUSTER, 24, 200)[0])
             for p in policies:
@@ -99,12 +101,18 @@ def detail(token: str, policies: list[str], params: dict, seed: int, timeline: l
         res = run_one(spec, policy, CLUSTER, _config(), seed, params if policy == "ones" else {})
         rows: dict[str, list[tuple]] = defaultdict(list)
         for j in res.jobs:
-            rows[j.model].append((j.jct_s, j.wait_s, j.restarts, j.run_s, j.gpu_s / max(j.run_s, 1e-9)))
-        print(f"{label} {policy}: mean JCT {np.mean([j.jct_s for j in res.jobs]):.0f} s")
+            rows[j.model].append((j.jct_s, j.wait_s, j.restarts, j.run_s, j.gpu_s / max(j.run_s, 1e-9),
+                                  j.jct_s - j.wait_s - j.run_s, j.gpu_s))
+        jct = np.array([j.jct_s for j in res.jobs])
+        paused = np.mean([j.jct_s - j.wait_s - j.run_s for j in res.jobs])
+        print(f"{label} {policy}: mean JCT {jct.mean():.0f} s, p99 {np.percentile(jct, 99):.0f} s, paused after "
+              f"the first start {paused:.0f} s per job")
         for model, v in sorted(rows.items()):
             a = np.array(v)
             print(f"  {model:12s} jobs {len(a):3d}  JCT {a[:, 0].mean():8.0f} s  wait {a[:, 1].mean():6.0f} s  "
-                  f"restarts {a[:, 2].mean():5.2f}  holding GPUs {a[:, 3].mean():8.0f} s  GPUs {a[:, 4].mean():5.2f}")
+                  f"paused {a[:, 5].mean():6.0f} s  restarts {a[:, 2].mean():5.2f}  "
+                  f"holding GPUs {a[:, 3].mean():8.0f} s  GPUs {a[:, 4].mean():5.2f}  "
+                  f"GPU-h {a[:, 6].mean() / 3600:6.2f}")
         print(f"  makespan {res.makespan_s / 3600:.2f} h")
         for j in res.jobs:
             if timeline and j.model in timeline:

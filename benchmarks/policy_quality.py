@@ -8,8 +8,9 @@ and the lower bound of ``ones_pipeline.sim.bound``. Pollux workloads run on 16 n
 trace on 64 GPUs (4 per node); 60 s rounds, 30 s per start/restart/resize. Also reports the wall time of
 each simulation (target: under 2 minutes) and restarts per job.
 
-Every finished simulation is cached as JSON under ``out/policy_quality/`` (per-job JCTs and the summary),
-so an interrupted run continues where it stopped; ``--fresh`` ignores the cache.
+Every finished simulation is cached as JSON under ``out/policy_quality/`` (per-job JCTs, the summary and
+``code_digest`` of the code it ran on), so an interrupted run continues where it stopped; a record made by
+other code is simulated again, and ``--fresh`` ignores the cache.
 
     python benchmarks/policy_quality.py [--workloads 1,6,ones50] [--policies pollux,sia] [--processes 2]
 
@@ -106,6 +107,23 @@ def _job(args):
     return label, policy, record
 
 
+def code_digest(policy: str) -> str:
+    """A digest of the code and packaged data a simulation of ``policy`` runs on: ``ones_pipeline/sim``,
+    ``ones_pipeline/data`` and ``ones_pipeline/core`` except the other policies' modules (a policy's own
+    modules are those named after it: ``ones`` -> ``ones.py``, ``ones_fitness.py``, ...). A cached record
+    made by other code is stale and simulated again."""
+    pkg = ROOT / "ones_pipeline"
+    own = policy.replace("-", "_")
+    files = [f for d in ("core", "sim", "data") for f in sorted((pkg / d).rglob("*")) if f.is_file()
+             and "__pycache__" not in f.parts]
+    files = [f for f in files if f.parent != pkg / "core" / "policies" or f.stem.startswith(own)
+             or f.stem in ("__init__", "base", "common")]
+    h = hashlib.sha1()
+    for f in files:
+        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _cache_path(label: str, policy: str, seed: int, params: dict | None = None) -> Path:
     """Where a simulation is cached; a policy run with options (``--ones-params``) under their hash."""
     if params:
@@ -126,12 +144,14 @@ def _simulate(specs: dict[str, WorkloadSpec], policies: list[str], seed: int, pr
     CACHE.mkdir(parents=True, exist_ok=True)
     records: dict[str, dict[str, dict]] = {label: {} for label in specs}
     params = {p: (ones_params or None) if p == "ones" else None for p in policies}
+    code = {p: code_digest(p) for p in policies}
     tasks = []
     for label, spec in specs.items():
         for p in policies:
             path = _cache_path(label, p, seed, params[p])
-            if path.is_file() and not fresh:
-                records[label][p] = json.loads(path.read_text())
+            cached = json.loads(path.read_text()) if path.is_file() and not fresh else {}
+            if cached.get("code") == code[p]:
+                records[label][p] = cached
             else:
                 tasks.append((label, spec, p, seed, params[p]))
     started = time.perf_counter()
@@ -141,8 +161,8 @@ def _simulate(specs: dict[str, WorkloadSpec], policies: list[str], seed: int, pr
             futures = [pool.submit(_job, t) for t in tasks]
             for k, fut in enumerate(as_completed(futures), 1):
                 label, policy, record = fut.result()
-                records[label][policy] = record
-                _cache_path(label, policy, seed, params[policy]).write_text(json.dumps(record))
+                records[label][policy] = record | {"code": code[policy]}
+                _cache_path(label, policy, seed, params[policy]).write_text(json.dumps(records[label][policy]))
                 print(f"[{time.perf_counter() - started:6.0f}s] {k}/{len(tasks)} {label} {policy}: mean JCT "
                       f"{record['summary']['mean_jct_s']:.0f} s ({record['wall_s']:.0f} s wall)",
                       file=sys.stderr, flush=True)

@@ -168,6 +168,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "hesrpt", 1.0, "ones: hesrpt must be a finite number >= 0.0 and <= 0.98, got 1.0"),
     (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
     (OnesParams, "hesrpt_scope", "some", "ones: hesrpt_scope must be one of all, late, got 'some'"),
+    (OnesParams, "min_hold_s", -1, "ones: min_hold_s must be a finite number >= 0.0, got -1"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -446,6 +447,51 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
                          np.array([1] * 3), None).tolist() == [120.0] * 3
     assert OnesParams().restart_cost_fraction == 0.5  # the default (docs/ones_policy.md)
 
+
+
+def test_a_job_keeps_its_count_for_min_hold_s_after_a_change():
+    """The scenario above with ``restart_cost_fraction`` 0.25, where the long job gives the short one a slot.
+    With ``min_hold_s`` 300 the long job, which this policy started at t = 0, keeps both slots until t = 300,
+    then gives one up; the state (when each job last changed) survives a save and load."""
+    from policy_helpers import spec as make_spec
+
+    from ones_pipeline.core.policies import make_policy
+
+    cluster = Cluster.uniform(1, 2)
+    obs = (ThroughputObs(2, 1, 16, 1.27, 0.1),)
+    spec = make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0)
+    queued = JobView(spec=spec, status=JobStatus.PENDING, submit_time_s=0.0, throughput_obs=obs)
+    long = JobView(spec=spec, status=JobStatus.RUNNING, submit_time_s=0.0, samples_done=5000,
+                   progress_samples=5000, throughput_obs=obs)
+    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
+                    submit_time_s=100.0)
+    for hold, kept_at_110 in ((0.0, False), (300.0, True)):
+        pol = make_policy("ones", seed=0, restart_cost_fraction=0.25, hesrpt=None, min_hold_s=hold)
+        first = pol.decide(0.0, cluster, [queued], Schedule())
+        assert len(first.allocations["long"].gpus) == 2
+        current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
+        again = policy_from_dict(json.loads(json.dumps(pol.to_dict())))
+        assert again.changed_at == pol.changed_at == {"long": 0.0}
+        at_110 = again.decide(110.0, cluster, [long, short], current)
+        assert (at_110.allocations["long"].gpus == (0, 1)) is kept_at_110
+        assert ("short" in at_110.allocations) is not kept_at_110
+    at_310 = again.decide(310.0, cluster, [long, short], current)
+    assert len(at_310.allocations["long"].gpus) == 1 and len(at_310.allocations["short"].gpus) == 1
+    assert again.changed_at == {"long": 310.0, "short": 310.0}
+
+
+def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0] + [10.0 * n for n in range(1, 9)]] * 3)
+    ctx = _Ctx(8, np.array([8, 8, 8]), table, np.array([1e5, 2e5, 10.0]), np.array([4, 2, 0]),
+               np.array([30.0] * 3), np.zeros(3), np.array([4, 4, 4]))
+    ctx.lock = np.array([True, False, False])
+    pop = np.array([[0, 8, 8], [8, 0, 0], [4, 2, 2], [2, 6, 0]])
+    out = ctx.repair(pop, np.random.default_rng(0))
+    assert (out[:, 0] == 4).all() and (out.sum(axis=1) <= 8).all() and (out >= 0).all()
+    ctx.lock = None  # unlocked, the same rows may move job 0
+    assert (ctx.repair(pop, np.random.default_rng(0))[:, 0] != 4).any()
 
 # -- placement the fitness can trust (OnesParams.placement_rescore, consolidate_moves) ----------------
 def _fragmented_state():

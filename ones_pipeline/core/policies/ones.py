@@ -43,6 +43,8 @@ from ones_pipeline.core.policies.base import (
     check_probability,
 )
 from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
+from ones_pipeline.core.policies.ones_fitness import keep_unless_better as _keep_unless_better
+from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
     current_goodput,
     placed_goodput,
@@ -100,6 +102,9 @@ class OnesParams(PolicyParams):
     among jobs that all speed up as ``n ** p``), so that the jobs with the least work left count the most;
     ``hesrpt_scope`` "all": a weighted sum of every job's completion time (``OnesContext.job_weights``);
     "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``).
+    ``min_hold_s`` (0: off): a running job whose GPU count this policy changed (or which it started) less than
+    this long ago keeps that count (``OnesContext.lock``), so that a job is not started, stopped and started
+    again on consecutive rounds, paying a restart each time.
     """
 
     policy = "ones"
@@ -132,6 +137,7 @@ class OnesParams(PolicyParams):
     keep_unless_better: bool = False
     hesrpt: float | str | None = None
     hesrpt_scope: str = "all"
+    min_hold_s: float = 150.0
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -180,6 +186,7 @@ class OnesParams(PolicyParams):
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
             hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
             hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
+            min_hold_s=check_float(n, "min_hold_s", self.min_hold_s, 0.0),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -254,16 +261,18 @@ class OnesPolicy(PolicyBase):
         self.config = OnesParams.from_dict(params)
         self.population: dict[str, list[int]] = {}  # job name -> counts, one per individual
         self.last_generations = 0
+        self.changed_at: dict[str, float] = {}  # job name -> when this policy last changed its GPU count
 
     # -- persistence -------------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
         return self.config.to_dict()
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"population": self.population}
+        return {"population": self.population, "changed_at": self.changed_at}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.population = {k: [int(x) for x in v] for k, v in state.get("population", {}).items()}
+        self.changed_at = {k: float(v) for k, v in state.get("changed_at", {}).items()}
 
     # -- decision ----------------------------------------------------------------------------------
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
@@ -271,12 +280,17 @@ class OnesPolicy(PolicyBase):
             self.population = {}
             return Schedule()
         ctx, batches = self._context(cluster, jobs, current)
+        if self.config.min_hold_s > 0:  # jobs changed less than min_hold_s ago keep their count
+            since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
+            ctx.lock = (since < self.config.min_hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
         if self.config.placement_rescore > 0 and self.config.job_batch:
             best = self._placement_rescore(cluster, jobs, current, ctx, pop, fit)
         if self.config.keep_unless_better:  # last, so that no later step puts back what it undid
             best = _keep_unless_better(ctx, best)
+        self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
+                           for i, j in enumerate(jobs) if best[i] != ctx.cur[i] or j.name in self.changed_at}
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), batches,
                                         self.config.consolidate_moves)
         if not self.config.job_batch:
@@ -442,56 +456,6 @@ def _fitted_variants(cluster: Cluster, ctx: _Ctx, counts: np.ndarray, placed: Se
     return out[(out.sum(axis=1) <= ctx.G) & (out <= ctx.caps[None, :]).all(axis=1)]
 
 
-def _keep_unless_better(ctx: _Ctx, best: np.ndarray) -> np.ndarray:
-    """(J,) ``best`` with, one job at a time, each change it makes to a running job's count undone while that
-    leaves the fitness no worse (feasible undos only; the one that lowers the fitness most first). Starts of
-    queued jobs stay: the fitness lets a queued job start at once on free GPUs, so leaving one queued can
-    look as good as starting it, and the job would never start. The
-    search is random and short, so its fittest individual can carry changes that buy nothing, and one round
-    undoes what the previous one did: a job flipping between two counts pays a restart every round."""
-    best = best.copy()
-    value = float(ctx.fitness(best[None])[0])
-    for _ in range(len(best)):
-        changed = np.flatnonzero((best != ctx.cur) & (ctx.cur > 0))
-        if not changed.size:
-            break
-        cands = np.repeat(best[None], len(changed), axis=0)
-        cands[np.arange(len(changed)), changed] = ctx.cur[changed]
-        ok = cands.sum(axis=1) <= ctx.G
-        if not ok.any():
-            break
-        cands = cands[ok]
-        fit = ctx.fitness(cands)
-        k = int(np.argmin(fit))
-        if fit[k] > value:
-            break
-        best, value = cands[k], float(fit[k])
-    return best
-
-
 def _order(ctx: _Ctx, counts: np.ndarray) -> np.ndarray:
     """The order ``decide`` places jobs in: soonest to finish first (ties: earlier submission)."""
     return np.lexsort((ctx.submit, ctx.solo_time(counts)))
-
-
-def _transfer(pop: np.ndarray, caps: np.ndarray, rng: np.random.Generator, p: float) -> np.ndarray:
-    """``pop`` where each row, with probability ``p``, moves one GPU from a random scheduled job to a
-    random other job below its cap: the fine step between allocations of the same total that the x2 / /2
-    resizes (and the repair's padding) cannot make."""
-    P, J = pop.shape
-    if p <= 0 or J < 2:  # no draw at all: transfer_p 0 leaves the generator's stream as it was
-        return pop
-    rows = np.flatnonzero(rng.random(P) < p)
-    if not rows.size:
-        return pop
-    sub = pop[rows]
-    r = np.arange(len(rows))
-    donor = np.argmax(np.where(sub > 0, rng.random(sub.shape), -1.0), axis=1)
-    room = sub < caps[None, :]
-    room[r, donor] = False
-    recv = np.argmax(np.where(room, rng.random(sub.shape), -1.0), axis=1)
-    ok = (sub[r, donor] > 0) & room[r, recv]
-    out = pop.copy()
-    out[rows[ok], donor[ok]] -= 1
-    out[rows[ok], recv[ok]] += 1
-    return out

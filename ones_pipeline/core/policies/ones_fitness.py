@@ -29,6 +29,8 @@ class OnesContext:
         # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
         self.cur_rate = cur_rate
         self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
+        # (J,) jobs that keep the count they hold in every repaired individual (``OnesParams.min_hold_s``).
+        self.lock: np.ndarray | None = None
         self.change_cost, self.submit = change_cost, submit
         J = len(caps)
         self.idx = np.arange(J)
@@ -137,9 +139,14 @@ class OnesContext:
         """
         order = self.srt_order
         caps_o = self.caps[order][None, :]
-        x = np.clip(pop[:, order], 0, caps_o)  # (P, J) in shortest-first order
-        cum = np.cumsum(x, axis=1)
-        x = np.clip(self.G - (cum - x), 0, x)
+        floor_o = np.zeros_like(caps_o)
+        if self.lock is not None:  # locked jobs keep the count they hold (together at most G: they hold it)
+            floor_o = np.where(self.lock[order], self.cur[order], 0)[None, :]
+            caps_o = np.where(floor_o > 0, floor_o, caps_o)
+        x = np.clip(pop[:, order], floor_o, caps_o)  # (P, J) in shortest-first order
+        extra = x - floor_o  # the GPUs above the locked counts are kept shortest first while they fit
+        cum = np.cumsum(extra, axis=1)
+        x = floor_o + np.clip(self.G - int(floor_o.sum()) - (cum - extra), 0, extra)
         free = self.G - x.sum(axis=1)  # (P,)
         waiting = x == 0
         # Half the individuals give queued jobs 1 GPU each (sharing); the other half their requested
@@ -334,3 +341,53 @@ def _hesrpt_w(ranks: np.ndarray, p: np.ndarray) -> np.ndarray:
     written as ``k (1 - (1 - 1 / k) ** a) ** (1 / a)`` so that large ``a`` does not overflow; 1 at p = 0."""
     a = 1.0 / (1.0 - p)
     return ranks * (1.0 - (1.0 - 1.0 / ranks) ** a) ** (1.0 / a)
+
+
+def keep_unless_better(ctx: OnesContext, best: np.ndarray) -> np.ndarray:
+    """(J,) ``best`` with, one job at a time, each change it makes to a running job's count undone while that
+    leaves the fitness no worse (feasible undos only; the one that lowers the fitness most first). Starts of
+    queued jobs stay: the fitness lets a queued job start at once on free GPUs, so leaving one queued can
+    look as good as starting it, and the job would never start. The
+    search is random and short, so its fittest individual can carry changes that buy nothing, and one round
+    undoes what the previous one did: a job flipping between two counts pays a restart every round."""
+    best = best.copy()
+    value = float(ctx.fitness(best[None])[0])
+    for _ in range(len(best)):
+        changed = np.flatnonzero((best != ctx.cur) & (ctx.cur > 0))
+        if not changed.size:
+            break
+        cands = np.repeat(best[None], len(changed), axis=0)
+        cands[np.arange(len(changed)), changed] = ctx.cur[changed]
+        ok = cands.sum(axis=1) <= ctx.G
+        if not ok.any():
+            break
+        cands = cands[ok]
+        fit = ctx.fitness(cands)
+        k = int(np.argmin(fit))
+        if fit[k] > value:
+            break
+        best, value = cands[k], float(fit[k])
+    return best
+
+
+def transfer(pop: np.ndarray, caps: np.ndarray, rng: np.random.Generator, p: float) -> np.ndarray:
+    """``pop`` where each row, with probability ``p``, moves one GPU from a random scheduled job to a
+    random other job below its cap: the fine step between allocations of the same total that the x2 / /2
+    resizes (and the repair's padding) cannot make."""
+    P, J = pop.shape
+    if p <= 0 or J < 2:  # no draw at all: transfer_p 0 leaves the generator's stream as it was
+        return pop
+    rows = np.flatnonzero(rng.random(P) < p)
+    if not rows.size:
+        return pop
+    sub = pop[rows]
+    r = np.arange(len(rows))
+    donor = np.argmax(np.where(sub > 0, rng.random(sub.shape), -1.0), axis=1)
+    room = sub < caps[None, :]
+    room[r, donor] = False
+    recv = np.argmax(np.where(room, rng.random(sub.shape), -1.0), axis=1)
+    ok = (sub[r, donor] > 0) & room[r, recv]
+    out = pop.copy()
+    out[rows[ok], donor[ok]] -= 1
+    out[rows[ok], recv[ok]] += 1
+    return out
