@@ -68,7 +68,7 @@ TWO_EXPECTED = {
     # 20, may change again only after another epoch: at t=40 (6 000 done) it grows to 2: done at 50.
     "ones-paper": {"big": 50.0, "small": 25.0},
 }
-TWO_PARAMS = {"tiresias": {"queue_thresholds_gpu_s": (30.0,)}, "ones": {"restart_cost_s": 0.0}}
+TWO_PARAMS = {"tiresias": {"queue_thresholds_gpu_s": (30.0,)}, "ones": {"restart_cost_s": 0.0, "min_hold_s": 0.0}}
 
 
 @pytest.mark.parametrize("policy, expected", TWO_EXPECTED.items())
@@ -77,6 +77,14 @@ def test_two_jobs(policy, expected):
     jct, result = run(policy, jobs, gpus=2, **TWO_PARAMS.get(policy, {}))
     assert jct == pytest.approx(expected)
     assert result.makespan_s == pytest.approx(max(j.finish_s for j in result.jobs))
+
+
+def test_ones_keeps_a_job_it_just_started_for_min_hold_s():
+    # Trace B under ones with its default min_hold_s (150 s): big, started at 0, may not be preempted before
+    # t = 150, so it runs 0-40 as under FIFO; small starts at the round at 40 and runs 5 s: JCT 40.
+    jobs = [synthetic_job("big", 0, 8_000, requested_gpus=2), synthetic_job("small", 5, 1_000, requested_gpus=2)]
+    jct, _ = run("ones", jobs, gpus=2, restart_cost_s=0.0)
+    assert jct == pytest.approx({"big": 40.0, "small": 40.0})
 
 
 def test_restart_cost_is_paid_on_every_allocation_change():
