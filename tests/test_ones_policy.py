@@ -169,7 +169,6 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
     (OnesParams, "hesrpt_scope", "some", "ones: hesrpt_scope must be one of all, late, got 'some'"),
     (OnesParams, "min_hold_s", -1, "ones: min_hold_s must be a finite number >= 0.0, got -1"),
-    (OnesParams, "min_hold_rounds", -1, "ones: min_hold_rounds must be a finite number >= 0.0, got -1"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -479,34 +478,6 @@ def test_a_job_keeps_its_count_for_min_hold_s_after_a_change():
     at_310 = again.decide(310.0, cluster, [long, short], current)
     assert len(at_310.allocations["long"].gpus) == 1 and len(at_310.allocations["short"].gpus) == 1
     assert again.changed_at == {"long": 310.0, "short": 310.0}
-
-
-def test_the_hold_is_at_most_min_hold_rounds_of_the_policys_own_decision_interval():
-    """The same two jobs on a policy deciding every 5 s (a live sensor's tick): the 300 s hold is capped at 3
-    intervals, 15 s, so the long job gives the short one a slot at t = 15, not at t = 300."""
-    from policy_helpers import spec as make_spec
-
-    from ones_pipeline.core.policies import make_policy
-
-    cluster = Cluster.uniform(1, 2)
-    obs = (ThroughputObs(2, 1, 16, 1.27, 0.1),)
-    spec = make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0)
-    queued = JobView(spec=spec, status=JobStatus.PENDING, submit_time_s=0.0, throughput_obs=obs)
-    long = JobView(spec=spec, status=JobStatus.RUNNING, submit_time_s=0.0, samples_done=5000,
-                   progress_samples=5000, throughput_obs=obs)
-    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=1.0), status=JobStatus.PENDING,
-                    submit_time_s=1.0)
-    current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
-    for rounds, gives_at_15 in ((3.0, True), (0.0, False)):
-        pol = make_policy("ones", seed=0, restart_cost_fraction=0.25, hesrpt=None, min_hold_s=300.0,
-                          min_hold_rounds=rounds)
-        assert len(pol.decide(0.0, cluster, [queued], Schedule()).allocations["long"].gpus) == 2
-        for t in (5.0, 10.0):
-            assert pol.decide(t, cluster, [long, short], current).allocations["long"].gpus == (0, 1)
-        again = policy_from_dict(json.loads(json.dumps(pol.to_dict())))
-        assert again.last_decide_s == 10.0
-        at_15 = again.decide(15.0, cluster, [long, short], current)
-        assert ("short" in at_15.allocations) is gives_at_15
 
 
 def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():

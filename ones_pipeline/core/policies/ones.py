@@ -104,9 +104,7 @@ class OnesParams(PolicyParams):
     "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``).
     ``min_hold_s`` (0: off): a running job whose GPU count this policy changed (or which it started) less than
     this long ago keeps that count (``OnesContext.lock``), so that a job is not started, stopped and started
-    again on consecutive rounds, paying a restart each time; but for at most ``min_hold_rounds`` times the
-    interval between this policy's last two decisions (0: no such limit), so that the hold scales with the
-    environment's rounds (the simulator's 60 s: 150 s; a live sensor ticking every 5 s: 15 s).
+    again on consecutive rounds, paying a restart each time.
     """
 
     policy = "ones"
@@ -140,7 +138,6 @@ class OnesParams(PolicyParams):
     hesrpt: float | str | None = None
     hesrpt_scope: str = "all"
     min_hold_s: float = 150.0
-    min_hold_rounds: float = 3.0
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -190,7 +187,6 @@ class OnesParams(PolicyParams):
             hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
             hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
             min_hold_s=check_float(n, "min_hold_s", self.min_hold_s, 0.0),
-            min_hold_rounds=check_float(n, "min_hold_rounds", self.min_hold_rounds, 0.0),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -266,20 +262,17 @@ class OnesPolicy(PolicyBase):
         self.population: dict[str, list[int]] = {}  # job name -> counts, one per individual
         self.last_generations = 0
         self.changed_at: dict[str, float] = {}  # job name -> when this policy last changed its GPU count
-        self.last_decide_s: float | None = None
 
     # -- persistence -------------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
         return self.config.to_dict()
 
     def _extra_state(self) -> dict[str, Any]:
-        return {"population": self.population, "changed_at": self.changed_at, "last_decide_s": self.last_decide_s}
+        return {"population": self.population, "changed_at": self.changed_at}
 
     def _load_extra_state(self, state: Mapping[str, Any]) -> None:
         self.population = {k: [int(x) for x in v] for k, v in state.get("population", {}).items()}
         self.changed_at = {k: float(v) for k, v in state.get("changed_at", {}).items()}
-        last = state.get("last_decide_s")
-        self.last_decide_s = None if last is None else float(last)
 
     # -- decision ----------------------------------------------------------------------------------
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
@@ -287,13 +280,9 @@ class OnesPolicy(PolicyBase):
             self.population = {}
             return Schedule()
         ctx, batches = self._context(cluster, jobs, current)
-        hold, c = self.config.min_hold_s, self.config
-        if c.min_hold_rounds > 0 and self.last_decide_s is not None and now_s > self.last_decide_s:
-            hold = min(hold, c.min_hold_rounds * (now_s - self.last_decide_s))
-        self.last_decide_s = float(now_s)
-        if hold > 0:  # jobs changed less than ``hold`` ago keep their count
+        if self.config.min_hold_s > 0:  # jobs changed less than min_hold_s ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
-            ctx.lock = (since < hold) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
+            ctx.lock = (since < self.config.min_hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
         if self.config.placement_rescore > 0 and self.config.job_batch:
