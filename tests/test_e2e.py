@@ -51,6 +51,22 @@ def graphql(port: int, query: str) -> dict:
     return body["data"]
 
 
+LOGS_FOR_RUN = """{ logsForRun(runId: "%s") { ... on EventConnection { events { __typename
+  ... on MessageEvent { message level } ... on ErrorEvent { error { message } } } } } }"""
+
+
+def failure_messages(port: int, runs: list[dict]) -> dict[str, list[str]]:
+    """Failed run id -> its error-level log lines and step errors (what a failing assertion should show)."""
+    out = {}
+    for r in runs:
+        if r["status"] != "FAILURE":
+            continue
+        events = graphql(port, LOGS_FOR_RUN % r["runId"])["logsForRun"].get("events", [])
+        out[r["runId"]] = [(e.get("error") or {}).get("message") or e.get("message", "") for e in events
+                           if e.get("level") == "ERROR" or e.get("error")][-6:]
+    return out
+
+
 def wait_for_webserver(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
     """Until the webserver `ones up` started answers GraphQL (fail with its log if it died)."""
     deadline = time.monotonic() + timeout_s
@@ -134,6 +150,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             assert time.monotonic() < deadline, "cluster_report not materialized within 120 s of the last job"
             time.sleep(3)
         runs = graphql(port, RUNS)["runsOrError"]["results"]
+        failures = failure_messages(port, runs)
         status = subprocess.run([ones, "status", "--project", str(project)], capture_output=True, text=True, timeout=60)
     finally:
         stop_ones_up(proc)
@@ -195,7 +212,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     # and the run ends green (asked to stop, it checkpointed and ended normally), never FAILURE.
     planned = [r for r in runs if {t["key"]: t["value"] for t in r["tags"]}.get("ones/outcome")]
     assert planned and all(r["status"] == "SUCCESS" for r in planned), [(r["runId"], r["status"]) for r in runs]
-    assert not [r for r in runs if r["status"] == "FAILURE"], [(r["runId"], r["status"]) for r in runs]
+    assert not failures, failures
 
     # The report ran once everything ended and `ones status` shows every job finished.
     assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:]

@@ -480,6 +480,20 @@ def test_a_job_keeps_its_count_for_min_hold_s_after_a_change():
     assert again.changed_at == {"long": 310.0, "short": 310.0}
 
 
+def test_the_default_hold_follows_the_churn_charge():
+    """``min_hold_s`` null (the default): 1.25 x ``restart_cost_s``, so the simulator's 120 s charge holds
+    150 s and a live project that charges the 10 s its restarts cost holds 12.5 s; a number overrides it
+    and the null survives a save and load."""
+    from ones_pipeline.core.policies import make_policy
+
+    assert OnesParams().min_hold_s is None and OnesParams().hold_s == 150.0
+    assert OnesParams(restart_cost_s=10.0).hold_s == 12.5
+    assert OnesParams(restart_cost_s=10.0, min_hold_s=300.0).hold_s == 300.0
+    assert OnesParams(min_hold_s=0.0).hold_s == 0.0
+    pol = policy_from_dict(json.loads(json.dumps(make_policy("ones", seed=0, restart_cost_s=10.0).to_dict())))
+    assert pol.config.min_hold_s is None and pol.config.hold_s == 12.5
+
+
 def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():
     from ones_pipeline.core.policies.ones import _Ctx
 

@@ -54,6 +54,9 @@ from ones_pipeline.core.policies.ones_goodput import (
 )
 from ones_pipeline.core.types import Cluster, JobView, Schedule
 
+# The default hold, in multiples of the churn charge ``restart_cost_s``: a job ones changed keeps its count
+# somewhat longer than the most a change is charged (150 s at the 120 s default, tuned in the simulator).
+HOLD_PER_CHARGE = 1.25
 
 @dataclass(frozen=True)
 class OnesParams(PolicyParams):
@@ -104,7 +107,9 @@ class OnesParams(PolicyParams):
     "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``).
     ``min_hold_s`` (0: off): a running job whose GPU count this policy changed (or which it started) less than
     this long ago keeps that count (``OnesContext.lock``), so that a job is not started, stopped and started
-    again on consecutive rounds, paying a restart each time.
+    again on consecutive rounds, paying a restart each time. Null (the default): ``HOLD_PER_CHARGE`` x
+    ``restart_cost_s`` (``hold_s``): 150 s with the simulator's 120 s charge; 12.5 s where a deployment
+    charges the 10 s its restarts really cost, so the hold follows what a change costs where it runs.
     """
 
     policy = "ones"
@@ -137,7 +142,12 @@ class OnesParams(PolicyParams):
     keep_unless_better: bool = False
     hesrpt: float | str | None = None
     hesrpt_scope: str = "all"
-    min_hold_s: float = 150.0
+    min_hold_s: float | None = None
+
+    @property
+    def hold_s(self) -> float:
+        """The hold in effect: ``min_hold_s``, or ``HOLD_PER_CHARGE`` x ``restart_cost_s`` when that is null."""
+        return HOLD_PER_CHARGE * self.restart_cost_s if self.min_hold_s is None else self.min_hold_s
 
     def change_cost(self, time_left_s):
         """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
@@ -186,7 +196,7 @@ class OnesParams(PolicyParams):
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
             hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
             hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
-            min_hold_s=check_float(n, "min_hold_s", self.min_hold_s, 0.0),
+            min_hold_s=None if self.min_hold_s is None else check_float(n, "min_hold_s", self.min_hold_s, 0.0),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -280,9 +290,9 @@ class OnesPolicy(PolicyBase):
             self.population = {}
             return Schedule()
         ctx, batches = self._context(cluster, jobs, current)
-        if self.config.min_hold_s > 0:  # jobs changed less than min_hold_s ago keep their count
+        if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
-            ctx.lock = (since < self.config.min_hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
+            ctx.lock = (since < hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
         if self.config.placement_rescore > 0 and self.config.job_batch:
