@@ -168,6 +168,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "hesrpt", 1.0, "ones: hesrpt must be a finite number >= 0.0 and <= 0.98, got 1.0"),
     (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
     (OnesParams, "hesrpt_scope", "some", "ones: hesrpt_scope must be one of all, late, got 'some'"),
+    (OnesParams, "hesrpt_floor", 1.5, "ones: hesrpt_floor must be a finite number >= 0.0 and <= 1.0, got 1.5"),
     (OnesParams, "min_hold_s", -1, "ones: min_hold_s must be a finite number >= 0.0, got -1"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
@@ -364,6 +365,25 @@ def test_hesrpt_makes_the_search_finish_the_job_closest_to_done_first_where_plai
     pol = OnesPolicy(seed=0, hesrpt=0.5)
     pol.decide(0.0, cluster, jobs, current).validate(cluster, {j.name: j.spec for j in jobs})
     assert pol.params()["hesrpt"] == 0.5 and pol.params()["hesrpt_scope"] == "all"
+
+
+def test_hesrpt_floor_keeps_the_longest_jobs_weight_up():
+    """``hesrpt_floor``: no job's weight below that fraction of the largest; 0 leaves heSRPT's weights as
+    they are, and at 1 every job counts the same (the plain fitness, scaled)."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 3)
+    args = (4, np.array([4, 4, 4]), table, np.array([1e4, 1e5, 1e6]), np.array([1, 1, 2]), np.zeros(3),
+            np.zeros(3), np.array([2, 2, 2]))
+    plain = _Ctx(*args, hesrpt=0.5).job_weights()
+    assert plain[0] > plain[1] > plain[2] and plain[2] < 0.6 * plain[0]  # the longest job counts the least
+    floored = _Ctx(*args, hesrpt=0.5, hesrpt_floor=0.6).job_weights()
+    assert floored[2] == pytest.approx(0.6 * plain[0])
+    assert np.allclose(floored[:2], np.maximum(plain[:2], 0.6 * plain[0]))
+    flat = _Ctx(*args, hesrpt=0.5, hesrpt_floor=1.0).job_weights()
+    assert np.allclose(flat, plain[0])
+    pop = np.array([[2, 1, 1], [1, 1, 2], [0, 2, 2]])
+    assert np.allclose(_Ctx(*args, hesrpt=0.5, hesrpt_floor=1.0).fitness(pop), plain[0] * _Ctx(*args).fitness(pop))
 
 
 def test_keep_unless_better_undoes_changes_that_buy_nothing_and_keeps_those_that_do():

@@ -104,7 +104,9 @@ class OnesParams(PolicyParams):
     the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
     among jobs that all speed up as ``n ** p``), so that the jobs with the least work left count the most;
     ``hesrpt_scope`` "all": a weighted sum of every job's completion time (``OnesContext.job_weights``);
-    "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``).
+    "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``);
+    ``hesrpt_floor`` (scope "all"): no job's weight below that fraction of the largest, so that the jobs with
+    the most work left are not deferred without end (the tail).
     ``min_hold_s`` (0: off): a running job whose GPU count this policy changed (or which it started) less than
     this long ago keeps that count (``OnesContext.lock``), so that a job is not started, stopped and started
     again on consecutive rounds, paying a restart each time. Null (the default): ``HOLD_PER_CHARGE`` x
@@ -142,6 +144,7 @@ class OnesParams(PolicyParams):
     keep_unless_better: bool = False
     hesrpt: float | str | None = None
     hesrpt_scope: str = "all"
+    hesrpt_floor: float = 0.0
     min_hold_s: float | None = None
 
     @property
@@ -196,6 +199,7 @@ class OnesParams(PolicyParams):
             keep_unless_better=check_bool(n, "keep_unless_better", self.keep_unless_better),
             hesrpt=(self.hesrpt if self.hesrpt in (None, "auto") else check_float(n, "hesrpt", self.hesrpt, 0.0, 0.98)),
             hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
+            hesrpt_floor=check_float(n, "hesrpt_floor", self.hesrpt_floor, 0.0, 1.0),
             min_hold_s=None if self.min_hold_s is None else check_float(n, "min_hold_s", self.min_hold_s, 0.0),
         )
         for name, value in checked.items():
@@ -331,7 +335,7 @@ class OnesPolicy(PolicyBase):
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
-                   c.hesrpt, c.hesrpt_scope)
+                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

@@ -20,10 +20,10 @@ class OnesContext:
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
                  shrink_cost_factor: float = 1.0, tail_srpt: bool = False, hesrpt: float | str | None = None,
-                 hesrpt_scope: str = "all"):
+                 hesrpt_scope: str = "all", hesrpt_floor: float = 0.0):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
         self.tail_srpt = tail_srpt
-        self.hesrpt, self.hesrpt_scope = hesrpt, hesrpt_scope
+        self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
         self.shrink_cost_factor = shrink_cost_factor
         # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
@@ -265,10 +265,13 @@ class OnesContext:
     def job_weights(self) -> np.ndarray:
         """(J,) ``hesrpt_scope`` "all": each job's weight in a weighted sum of completion times, its heSRPT
         marginal value ``w_k (request / G) ** p`` (``_late_weights``) with every active job ranked by its
-        remaining time at its requested count x ``request ** p`` (largest first). Computed once a decision."""
+        remaining time at its requested count x ``request ** p`` (largest first), raised to at least
+        ``hesrpt_floor`` x the largest weight. Computed once a decision."""
         if self._weights is None:
             p = self._hesrpt_exponent()[None, :]
             self._weights = self._ranked_weights(self.remaining / self.ref_rate * self.need ** p, p)[0]
+            if self.hesrpt_floor > 0 and self._weights.size:  # no job counts less than this share of the most
+                self._weights = np.maximum(self._weights, self.hesrpt_floor * self._weights.max())
         return self._weights
 
     def scaling_exponent(self) -> np.ndarray:
