@@ -53,7 +53,7 @@ def test_simulate_command_writes_tables_json_and_plots(traces, tmp_path, capsys)
 
 
 def test_parallel_processes_give_the_same_result_as_serial(traces, tmp_path):
-    args = ["simulate", "--workload", str(traces / "pollux" / "workloads" / "workload-2.csv"), "--jobs", "10",
+    args = ["simulate", "--workload", str(traces / "pollux" / "workloads" / "workload-2.csv"), "--jobs", "6",
             "--policies", "ones,tiresias", "--gpus", "8", "--no-progress"]
     assert main(args + ["--processes", "1", "--out", str(tmp_path / "a")]) == 0
     assert main(args + ["--processes", "2", "--out", str(tmp_path / "b")]) == 0
