@@ -58,6 +58,7 @@ from ones_pipeline.core.types import Cluster, JobView, Schedule
 # somewhat longer than the most a change is charged (150 s at the 120 s default, tuned in the simulator).
 HOLD_PER_CHARGE = 1.25
 
+
 @dataclass(frozen=True)
 class OnesParams(PolicyParams):
     """Parameters of ``ones`` (defaults tuned on Pollux workloads 1-4, checked on 5-8 and the ONES trace
