@@ -164,6 +164,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "unmeasured_gpus", 0, r'ones: unmeasured_gpus must be null, "request" or an integer >= 1, got 0'),
     (OnesParams, "unmeasured_gpus", "all", r'ones: unmeasured_gpus must be null, "request" or an integer >= 1'),
     (OnesParams, "tail_srpt", "yes", "ones: tail_srpt must be true or false"),
+    (OnesParams, "tail_chain", 1, "ones: tail_chain must be true or false"),
     (OnesParams, "keep_unless_better", 1, "ones: keep_unless_better must be true or false"),
     (OnesParams, "hesrpt", 1.0, "ones: hesrpt must be a finite number >= 0.0 and <= 0.98, got 1.0"),
     (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
@@ -203,6 +204,8 @@ def test_ones_params_are_frozen_and_normalised():
     assert p.to_dict()["batch_factors"] == [1.0, 2.0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.population = 3  # type: ignore[misc]
+    with pytest.raises(ValueError, match="tail_chain and tail_srpt are two models"):
+        OnesParams(tail_chain=True, tail_srpt=True)
 
 
 # -- jobs that tune their own batch (OnesParams.job_batch) -------------------------------------------
@@ -319,6 +322,32 @@ def test_the_srpt_tail_favours_the_late_job_closest_to_done_where_plain_terms_ar
     tail = _Ctx(*args, tail_srpt=True).fitness(pop)
     assert tail[0] < tail[2] < tail[1]
     assert np.allclose(tail[0], 2 * 1800 + 1150 + 5700)  # A: 46 000 left at 40/s; B: (4600 + 18 200) GPU-s / 4
+
+
+def test_the_chain_tail_favours_the_late_job_closest_to_done_and_values_a_job_alone_at_its_fastest():
+    """``tail_chain``: a late job's leftover takes the later of its time alone at its fastest goodput and its
+    place in a least-first queue of the late jobs' leftover GPU-time (at their most GPU-efficient size) on the
+    whole cluster. Two linear jobs: the split that favours the one with less left wins, where the plain
+    terms are indifferent; the figure is worked by hand. A job that scales badly past 2 GPUs is valued at
+    its fastest count (2), not its request (1)."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
+    args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
+            np.array([0.0, 0.0]), np.array([4, 4]))
+    pop = np.array([[3, 1], [1, 3], [2, 2]])
+    chain = _Ctx(*args, tail_chain=True).fitness(pop)
+    assert chain[0] < chain[2] < chain[1]
+    # [3, 1]: A has 100 000 - 30 x 1800 = 46 000 left, B 200 000 - 10 x 1800 = 182 000; at 10 per GPU-second
+    # they are 4 600 and 18 200 GPU-s: A ends 1150 s after the horizon (also its time at 40/s), B (4600 + 18 200) / 4.
+    assert np.allclose(chain[0], 2 * 1800 + 1150 + 5700)
+    # One late job: its leftover at the goodput of its fastest count (2 GPUs: 20/s; 4 GPUs only 12/s), while the
+    # plain term takes the goodput of its request (1 GPU).
+    slow = np.array([[0.0, 10.0, 20.0, 12.0, 12.0]])
+    one = (4, np.array([4]), slow, np.array([1e5]), np.array([1]), np.array([0.0]), np.array([0.0]), np.array([1]))
+    solo = np.array([[1]])
+    assert np.allclose(_Ctx(*one).fitness(solo), 1800 + (1e5 - 18000) / 10)
+    assert np.allclose(_Ctx(*one, tail_chain=True).fitness(solo), 1800 + (1e5 - 18000) / 20)
 
 
 def test_hesrpt_weights_give_the_least_sum_of_completion_times_of_two_jobs_sharing_a_cluster():

@@ -99,7 +99,11 @@ class OnesParams(PolicyParams):
     ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the
     late jobs' leftover GPU-time least first (``OnesContext._srpt_tail``), which adds shortest-remaining
     pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
-    only approximate the fitness. ``keep_unless_better``: after the search, changes to running jobs' counts
+    only approximate the fitness. ``tail_chain`` (not with ``tail_srpt``): a job still running at the horizon
+    finishes its leftover no earlier than alone at its fastest goodput, nor than its place in a least-first
+    queue of the late jobs' leftover GPU-time at their most GPU-efficient size on the whole cluster
+    (``OnesContext._chain_tail``: the lower bound's two relaxations, applied at the horizon); its terms
+    depend on one another too. ``keep_unless_better``: after the search, changes to running jobs' counts
     are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
     ``hesrpt`` (null, a speedup exponent p in [0, 0.98], or "auto": each job's own from its goodput table):
     the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
@@ -147,6 +151,7 @@ class OnesParams(PolicyParams):
     hesrpt_scope: str = "all"
     hesrpt_floor: float = 0.0
     min_hold_s: float | None = None
+    tail_chain: bool = False
 
     @property
     def hold_s(self) -> float:
@@ -202,7 +207,11 @@ class OnesParams(PolicyParams):
             hesrpt_scope=check_choice(n, "hesrpt_scope", self.hesrpt_scope, ("all", "late")),
             hesrpt_floor=check_float(n, "hesrpt_floor", self.hesrpt_floor, 0.0, 1.0),
             min_hold_s=None if self.min_hold_s is None else check_float(n, "min_hold_s", self.min_hold_s, 0.0),
+            tail_chain=check_bool(n, "tail_chain", self.tail_chain),
         )
+        if checked["tail_chain"] and checked["tail_srpt"]:
+            raise ValueError(f"{n}: tail_chain and tail_srpt are two models of the jobs still running at the "
+                             "horizon; set at most one of them to true")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -336,7 +345,7 @@ class OnesPolicy(PolicyBase):
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
-                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor)
+                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

@@ -20,9 +20,9 @@ class OnesContext:
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
                  shrink_cost_factor: float = 1.0, tail_srpt: bool = False, hesrpt: float | str | None = None,
-                 hesrpt_scope: str = "all", hesrpt_floor: float = 0.0):
+                 hesrpt_scope: str = "all", hesrpt_floor: float = 0.0, tail_chain: bool = False):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
-        self.tail_srpt = tail_srpt
+        self.tail_srpt, self.tail_chain = tail_srpt, tail_chain
         self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
         self.shrink_cost_factor = shrink_cost_factor
@@ -49,6 +49,8 @@ class OnesContext:
         self.ref_rate = np.maximum(table[self.idx, self.need], 1e-12)
         counts = np.arange(1, table.shape[1])
         self.best_rate_per_gpu = np.maximum((table[:, 1:] / counts[None, :]).max(axis=1), 1e-12)
+        # The most goodput each job can reach (at any count up to its cap): ``tail_chain``'s fastest time.
+        self.max_rate = np.maximum(np.where(n[None, :] <= caps[:, None], table, 0.0).max(axis=1), 1e-12)
 
     def solo_time(self, counts: np.ndarray) -> np.ndarray:
         return self.run_time[self.idx, counts]
@@ -217,7 +219,9 @@ class OnesContext:
         left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
         left = np.maximum(left, 0.0)
         late = left / self.ref_rate[None, :]
-        if self.tail_srpt:
+        if self.tail_chain:
+            late = self._chain_tail(left, done_by > H)
+        elif self.tail_srpt:
             late = np.maximum(late, self._srpt_tail(np.where(done_by > H, left, np.inf)))
         if self.hesrpt is not None and self.hesrpt_scope == "late":
             late = late * self._late_weights(late, done_by > H)
@@ -284,6 +288,25 @@ class OnesContext:
         with np.errstate(divide="ignore", invalid="ignore"):
             p = np.log(g_hi / g_lo) / np.log(np.maximum(hi, 1) / lo)
         return np.where(hi > lo, np.clip(p, 0.0, 1.0), 0.5)
+
+    def _chain_tail(self, left: np.ndarray, is_late: np.ndarray) -> np.ndarray:
+        """(P, J) ``tail_chain``: how long after the horizon each job still running there (``is_late``) takes to
+        finish its leftover work ``left``, estimated as the later of two relaxations (those of the lower bound,
+        ``sim/bound.py``, applied to the late jobs at the horizon): the job alone at its fastest goodput
+        (``max_rate``), and its place in a shortest-first queue of the late jobs' leftover GPU-time at their most
+        GPU-efficient size, the whole cluster serving ``G`` GPU-seconds per second. The plain term (the
+        leftover at the requested count) makes every split of the cluster between jobs that scale linearly look
+        the same; here a late job's progress also moves up every late job behind it, so the jobs with the least
+        leftover GPU-time are pressed to finish first, and a job that can use the whole cluster on its own is
+        not valued as if it kept its request. Entries of jobs done by the horizon are not used."""
+        fast = left / self.max_rate[None, :]
+        work = np.where(is_late, left / self.best_rate_per_gpu[None, :], np.inf)  # least GPU-seconds
+        order = np.argsort(work, axis=1, kind="stable")
+        ws = np.take_along_axis(work, order, axis=1)
+        queued = np.cumsum(np.where(np.isfinite(ws), ws, 0.0), axis=1) / max(self.G, 1)
+        chain = np.empty_like(queued)
+        np.put_along_axis(chain, order, queued, axis=1)
+        return np.maximum(fast, chain)
 
     def _srpt_tail(self, left: np.ndarray) -> np.ndarray:
         """(P, J) the earliest time after the horizon at which each job still running there can finish when
