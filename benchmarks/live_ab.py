@@ -23,6 +23,9 @@ Exit status 1 when a run does not finish within ``--timeout`` s (or fails). Ever
 
     .venv/bin/python benchmarks/live_ab.py [--policies fifo,ones,pollux] [--seed 0] [--jobs 6]
                                            [--scale 0.7] [--timeout 1200] [--keep] [--json OUT]
+                                           [--ones-params '{"restart_cost_s": 10}']
+
+``--ones-params``: options of ``ones`` (its project's ``policy.params``, and the prediction's).
 """
 
 from __future__ import annotations
@@ -118,11 +121,12 @@ def parsed(job: MixJob) -> JobSpec:
 class LiveRun:
     """``ones run`` on a fresh project under one policy, with the staggered submissions."""
 
-    def __init__(self, root: Path, policy: str, seed: int, mix: list[MixJob], timeout_s: float):
+    def __init__(self, root: Path, policy: str, seed: int, mix: list[MixJob], timeout_s: float,
+                 params: dict | None = None):
         self.project, self.policy, self.mix, self.timeout_s = root / policy, policy, mix, timeout_s
         (self.project / "resources").mkdir(parents=True)
         (self.project / "assets" / "jobs").mkdir(parents=True)
-        env = {**ENV, "policy": {"name": policy, "seed": seed}}
+        env = {**ENV, "policy": {"name": policy, "seed": seed, "params": dict(params or {})}}
         (self.project / "resources" / "local.yaml").write_text(yaml.safe_dump(env))
         self.env: EnvConfig = load_env(self.project)
         self.log_path = self.project / "ones-run.log"
@@ -312,6 +316,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per policy before giving up (1200)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary projects (their path is printed)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    ap.add_argument("--ones-params", default="{}",
+                    help="JSON object of OnesPolicy options for ones, live and in the simulator's prediction ({})")
     ap.add_argument("--gpu", action="store_true",
                     help="the GPU path: slots are the GPUs NVML finds (CPU slots where it finds none), every job "
                          "ResNet-18 on synthetic CIFAR (GPU_TEMPLATES); set --scale to the samples/s over 1000")
@@ -321,10 +327,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--jobs must be between 2 and {len(TEMPLATES)}")
     if not args.scale > 0:
         ap.error("--scale must be > 0")
+    try:
+        args.ones_params = json.loads(args.ones_params)
+    except json.JSONDecodeError as exc:
+        ap.error(f"--ones-params is not JSON: {exc}")
+    if not isinstance(args.ones_params, dict):
+        ap.error(f"--ones-params must be a JSON object, got {args.ones_params!r}")
     return args
 
 
-def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], seed: int) -> tuple[dict, dict, float]:
+def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], seed: int,
+            params: dict[str, dict] | None = None) -> tuple[dict, dict, float]:
     """Simulated figures per policy, the pooled step times per job and the restart cost used."""
     specs = [parsed(j) for j in mix]
     measured = {j.name: pooled_step_times([o for r in results.values() for o in r["obs"][j.name]]) for j in mix}
@@ -332,12 +345,12 @@ def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], se
     restart = float(np.mean(costs)) if costs else 30.0
     totals = {s.name: s.stopping.total_samples(s.dataset_size) for s in specs}
     workload = sim_workload(specs, {j.name: j.offset_s for j in mix}, totals, measured, restart)
-    return simulate_policies(workload, policies, SLOTS, TICK_S, seed), measured, restart
+    return simulate_policies(workload, policies, SLOTS, TICK_S, seed, params), measured, restart
 
 
 def report(args, mix, results, walls) -> dict:
     live = {p: r["figures"] for p, r in results.items()}
-    sim, measured, restart = predict(mix, results, list(results), args.seed)
+    sim, measured, restart = predict(mix, results, list(results), args.seed, {"ones": args.ones_params})
     kind = "slots" if args.gpu else "CPU slots"
     print(f"\nlive: {len(mix)} jobs on {SLOTS} {kind}, ticks every {TICK_S} s; wall time per policy: "
           + ", ".join(f"{p} {w:.0f} s" for p, w in walls.items()))
@@ -352,7 +365,7 @@ def report(args, mix, results, walls) -> dict:
     print(f"\narrival lag (spec written -> the scheduler's submit time, jobs after the first): mean "
           f"{np.mean(lags):.1f} s, max {max(lags):.1f} s")
     return {"mix": [{"spec": j.spec, "offset_s": j.offset_s} for j in mix], "live": live, "sim": sim,
-            "wall_s": walls, "restart_cost_s": restart,
+            "wall_s": walls, "restart_cost_s": restart, "ones_params": args.ones_params,
             "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()}}
 
 
@@ -381,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     results, walls = {}, {}
     try:
         for policy in args.policies:
-            live = LiveRun(root, policy, args.seed, mix, args.timeout)
+            live = LiveRun(root, policy, args.seed, mix, args.timeout,
+                           args.ones_params if policy == "ones" else None)
             ok, walls[policy], why = live.run()
             print(f"{policy}: {'finished' if ok else 'FAILED: ' + why} in {walls[policy]:.0f} s", flush=True)
             if not ok:

@@ -200,12 +200,14 @@ def sim_figures(result: SimResult) -> dict:
 
 
 def simulate_policies(workload: Sequence[SimJob], policies: Sequence[str], slots: int, interval_s: float,
-                      seed: int) -> dict[str, dict]:
-    """``sim_figures`` per policy: one node of ``slots`` slots, a round every ``interval_s`` (the live tick)."""
+                      seed: int, params: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
+    """``sim_figures`` per policy: one node of ``slots`` slots, a round every ``interval_s`` (the live tick);
+    ``params``: options per policy name (those not named run their defaults)."""
     cluster = Cluster.uniform(1, slots)
     out = {}
     for name in policies:
-        result = simulate(workload, LiveViews(make_policy(name, seed=seed)), cluster, SimConfig(interval_s=interval_s))
+        policy = make_policy(name, seed=seed, **dict((params or {}).get(name, {})))
+        result = simulate(workload, LiveViews(policy), cluster, SimConfig(interval_s=interval_s))
         out[name] = sim_figures(result)
     return out
 

@@ -122,6 +122,36 @@ def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_pa
         main([str(tmp_path / "ab.json"), "--policies", "ones", "--ones", '{"restart_cost_fraction": -1}'])
 
 
+def test_ones_options_reach_the_live_project_and_the_prediction(tmp_path, capsys):
+    """``live_ab.py --ones-params``: the JSON object becomes the ones project's ``policy.params`` (and no other
+    policy's), and the simulator's prediction builds ``ones`` with it; bad input is refused by name."""
+    import live_ab
+    import numpy as np
+    import yaml
+
+    args = live_ab.parse_args(["--policies", "fifo,ones", "--ones-params", '{"restart_cost_s": 10}'])
+    assert args.ones_params == {"restart_cost_s": 10}
+    refused = (('{"restart_cost_s": ', "--ones-params is not JSON"), ("[1]", "--ones-params must be a JSON object"))
+    for bad, why in refused:
+        with pytest.raises(SystemExit):
+            live_ab.parse_args(["--ones-params", bad])
+        assert why in capsys.readouterr().err
+    mix = live_ab.draw_mix(2, np.random.default_rng(0), 0.1, live_ab.TEMPLATES)
+    ones = live_ab.LiveRun(tmp_path, "ones", 0, mix, 60.0, args.ones_params)
+    fifo = live_ab.LiveRun(tmp_path, "fifo", 0, mix, 60.0, None)
+    assert yaml.safe_load((ones.project / "resources" / "local.yaml").read_text())["policy"]["params"] == {
+        "restart_cost_s": 10}
+    assert yaml.safe_load((fifo.project / "resources" / "local.yaml").read_text())["policy"]["params"] == {}
+    spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
+            "stopping": {"samples": 3200}}
+    specs = [parse_job_spec(spec, "a", default_name="a")]
+    workload = sim_workload(specs, {"a": 0.0}, {"a": 3200.0}, {"a": {(1, 32): 1.0}}, 10.0)
+    with pytest.raises(ValueError, match="restart_cost_fraction"):
+        simulate_policies(workload, ["ones"], 2, 5.0, 0, {"ones": {"restart_cost_fraction": -1}})
+    assert simulate_policies(workload, ["fifo"], 2, 5.0, 0, {"ones": {"restart_cost_fraction": -1}})["fifo"][
+        "makespan_s"] == pytest.approx(110.0)
+
+
 def test_the_gpu_mix_is_all_resnet18_and_falls_back_to_cpu_slots_without_a_gpu(monkeypatch):
     import live_ab
     import numpy as np
