@@ -60,7 +60,7 @@ from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob
 from ones_pipeline.config import EnvConfig, load_env, parse_job_spec
 from ones_pipeline.core.types import JobSpec
-from ones_pipeline.scheduler.settings import LIVE_RESTART_COST_S
+from ones_pipeline.scheduler.settings import live_policy_params
 
 ONES = str(Path(sys.executable).parent / "ones")
 SLOTS = 2
@@ -349,16 +349,9 @@ def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], se
     return simulate_policies(workload, policies, SLOTS, TICK_S, seed, params), measured, restart
 
 
-def sim_ones_params(params: dict) -> dict:
-    """``ones``' options in the prediction: those the live project runs (``SchedulerSettings.from_env``: the live
-    churn charge unless ``params`` sets one), less the wall-clock search budget (the simulation stays
-    reproducible)."""
-    return {"restart_cost_s": LIVE_RESTART_COST_S, **params}
-
-
 def report(args, mix, results, walls) -> dict:
     live = {p: r["figures"] for p, r in results.items()}
-    ones = {"ones": sim_ones_params(args.ones_params)}
+    ones = {"ones": live_policy_params("ones", args.ones_params)}  # as the live project runs it, less the budget
     sim, measured, restart = predict(mix, results, list(results), args.seed, ones)
     kind = "slots" if args.gpu else "CPU slots"
     print(f"\nlive: {len(mix)} jobs on {SLOTS} {kind}, ticks every {TICK_S} s; wall time per policy: "

@@ -5,8 +5,8 @@ measured live and the start-up cost; this script rebuilds the same simulation as
 prediction (``live_ab_figures.sim_workload``: one node of 2 slots, a round every 5 s, noise scale hidden)
 and prints mean JCT, makespan, restarts and per-job JCT for each policy, with ``--ones`` options for
 ``ones`` (e.g. ``'{"restart_cost_fraction": 0}'``), so a policy change can be checked against that mix.
-``ones`` runs as a live project runs it: the live churn charge (``LIVE_RESTART_COST_S``) unless ``--ones``
-sets ``restart_cost_s``.
+``ones`` runs as a live project runs it: the live churn charge (``scheduler.settings.live_policy_params``)
+unless ``--ones`` sets ``restart_cost_s``.
 
     .venv/bin/python benchmarks/live_ab_sim.py OUT.json [--policies fifo,ones,pollux] [--ones '{...}']
 """
@@ -22,7 +22,7 @@ from live_ab_figures import LiveViews, sim_figures, sim_workload
 from ones_pipeline.config import parse_job_spec
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.scheduler.settings import LIVE_RESTART_COST_S
+from ones_pipeline.scheduler.settings import live_policy_params
 from ones_pipeline.sim.engine import SimConfig, simulate
 
 SLOTS, TICK_S = 2, 5.0  # as live_ab.py runs it
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     measured = {job: {tuple(int(x) for x in key.split("x")): t for key, t in times.items()}
                 for job, times in recorded["step_times"].items()}
     workload = sim_workload(specs, offsets, totals, measured, float(recorded["restart_cost_s"]))
-    options = {"restart_cost_s": LIVE_RESTART_COST_S, **json.loads(args.ones)}  # as a live project runs ones
+    options = live_policy_params("ones", json.loads(args.ones))  # as a live project runs ones
     for name in args.policies.split(","):
         policy = make_policy(name, seed=args.seed, **(options if name == "ones" else {}))
         f = sim_figures(simulate(workload, LiveViews(policy), Cluster.uniform(1, SLOTS), SimConfig(interval_s=TICK_S)))

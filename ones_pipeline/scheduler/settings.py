@@ -17,6 +17,18 @@ if TYPE_CHECKING:
 LIVE_RESTART_COST_S = 30.0
 
 
+def live_policy_params(policy: str, params: Mapping[str, Any], decision_budget_s: float | None = None) -> dict:
+    """``params`` with what a live deployment adds unless they set it: for ``ones``, ``LIVE_RESTART_COST_S`` as
+    its churn charge (its hold follows: ``OnesParams.hold_s``) and, when given, the tick's decision budget as
+    its search's time budget. The live A/B's prediction uses it without the budget (reproducible)."""
+    out = dict(params)
+    if policy == "ones":
+        if decision_budget_s is not None:
+            out.setdefault("time_budget_s", decision_budget_s)
+        out.setdefault("restart_cost_s", LIVE_RESTART_COST_S)
+    return out
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
     policy: str = "ones"
@@ -28,13 +40,9 @@ class SchedulerSettings:
 
     @classmethod
     def from_env(cls, env: EnvConfig) -> SchedulerSettings:
-        """From ``resources/<env>.yaml``; unless the policy params set them, the ONES search gets the tick's
-        decision budget as its time budget and ``LIVE_RESTART_COST_S`` as its churn charge (its hold follows
-        the charge: ``OnesParams.hold_s``)."""
-        params = dict(env.policy.params)
-        if env.policy.name == "ones":
-            params.setdefault("time_budget_s", env.scheduler.decision_budget_s)
-            params.setdefault("restart_cost_s", LIVE_RESTART_COST_S)
+        """From ``resources/<env>.yaml``, the policy's params completed by ``live_policy_params`` (the tick's
+        decision budget as ``ones``' time budget)."""
+        params = live_policy_params(env.policy.name, env.policy.params, env.scheduler.decision_budget_s)
         s = env.scheduler
         return cls(policy=env.policy.name, seed=env.policy.seed, params=params, max_retries=s.max_retries,
                    retry_backoff_s=s.retry_backoff_s, min_hold_s=s.min_run_s)

@@ -301,12 +301,7 @@ class OnesContext:
         not valued as if it kept its request. Entries of jobs done by the horizon are not used."""
         fast = left / self.max_rate[None, :]
         work = np.where(is_late, left / self.best_rate_per_gpu[None, :], np.inf)  # least GPU-seconds
-        order = np.argsort(work, axis=1, kind="stable")
-        ws = np.take_along_axis(work, order, axis=1)
-        queued = np.cumsum(np.where(np.isfinite(ws), ws, 0.0), axis=1) / max(self.G, 1)
-        chain = np.empty_like(queued)
-        np.put_along_axis(chain, order, queued, axis=1)
-        return np.maximum(fast, chain)
+        return np.maximum(fast, self._served_least_first(work))
 
     def _srpt_tail(self, left: np.ndarray) -> np.ndarray:
         """(P, J) the earliest time after the horizon at which each job still running there can finish when
@@ -316,7 +311,11 @@ class OnesContext:
         requested count, so where late jobs' requests oversubscribe the cluster, a job's progress before
         the horizon also shortens the completion of the late jobs behind it (valued alone, each job's term
         only sums speedups)."""
-        work = left * (self.need / self.ref_rate)[None, :]  # GPU-seconds at the requested count
+        return self._served_least_first(left * (self.need / self.ref_rate)[None, :])  # GPU-s at the request
+
+    def _served_least_first(self, work: np.ndarray) -> np.ndarray:
+        """(P, J) when each job's GPU-seconds ``work`` (inf: not in the queue) are done, the cluster serving
+        ``G`` GPU-seconds per second to the queued jobs least work first (the fluid form of SRPT)."""
         order = np.argsort(work, axis=1, kind="stable")
         ws = np.take_along_axis(work, order, axis=1)
         done = np.cumsum(np.where(np.isfinite(ws), ws, 0.0), axis=1) / max(self.G, 1)
