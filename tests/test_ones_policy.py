@@ -165,6 +165,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "unmeasured_gpus", "all", r'ones: unmeasured_gpus must be null, "request" or an integer >= 1'),
     (OnesParams, "tail_srpt", "yes", "ones: tail_srpt must be true or false"),
     (OnesParams, "tail_chain", 1, "ones: tail_chain must be true or false"),
+    (OnesParams, "tail_chain_plain", 1.5, "ones: tail_chain_plain must be a finite number >= 0.0 and <= 1.0, got 1.5"),
     (OnesParams, "keep_unless_better", 1, "ones: keep_unless_better must be true or false"),
     (OnesParams, "hesrpt", 1.0, "ones: hesrpt must be a finite number >= 0.0 and <= 0.98, got 1.0"),
     (OnesParams, "hesrpt", "fast", "ones: hesrpt must be a finite number >= 0.0 and <= 0.98"),
@@ -348,6 +349,34 @@ def test_the_chain_tail_favours_the_late_job_closest_to_done_and_values_a_job_al
     solo = np.array([[1]])
     assert np.allclose(_Ctx(*one).fitness(solo), 1800 + (1e5 - 18000) / 10)
     assert np.allclose(_Ctx(*one, tail_chain=True).fitness(solo), 1800 + (1e5 - 18000) / 20)
+
+
+def test_the_chain_tail_blended_with_the_plain_term_keeps_a_value_on_the_largest_jobs_progress():
+    """``tail_chain_plain`` a: a late job's leftover is (1 - a) x the chain tail + a x the plain term (its leftover
+    at its request's goodput). 0 is the chain tail, 1 the plain fitness; in between, the job with the most left
+    still gets the least weight, but its progress now is worth a share of what the plain term gives it, so
+    the split that favours the job closest to done still wins, by less. Worked by hand."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
+    args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
+            np.array([0.0, 0.0]), np.array([4, 4]))
+    pop = np.array([[3, 1], [1, 3], [2, 2]])
+    chain = _Ctx(*args, tail_chain=True).fitness(pop)
+    plain = _Ctx(*args).fitness(pop)
+    assert np.allclose(_Ctx(*args, tail_chain=True, tail_chain_plain=0.0).fitness(pop), chain)
+    assert np.allclose(_Ctx(*args, tail_chain=True, tail_chain_plain=1.0).fitness(pop), plain)
+    mixed = _Ctx(*args, tail_chain=True, tail_chain_plain=0.25).fitness(pop)
+    assert mixed[0] < mixed[2] < mixed[1]
+    assert mixed[1] - mixed[0] < chain[1] - chain[0]
+    # [3, 1]: the chain tail adds 1150 (A) and 5700 s (B) after the horizon (the test above); the plain terms
+    # are A's 46 000 and B's 182 000 left at 40 / s (the request, 4 GPUs): 1150 and 4550 s.
+    assert np.allclose(mixed[0], 2 * 1800 + 0.75 * (1150 + 5700) + 0.25 * (1150 + 4550))
+    # One late job on 1 GPU that is fastest on 2: 4100 s left at its fastest, 8200 s at its request.
+    slow = np.array([[0.0, 10.0, 20.0, 12.0, 12.0]])
+    one = (4, np.array([4]), slow, np.array([1e5]), np.array([1]), np.array([0.0]), np.array([0.0]), np.array([1]))
+    fit = _Ctx(*one, tail_chain=True, tail_chain_plain=0.25).fitness(np.array([[1]]))
+    assert np.allclose(fit, 1800 + 0.75 * 4100 + 0.25 * 8200)
 
 
 def test_hesrpt_weights_give_the_least_sum_of_completion_times_of_two_jobs_sharing_a_cluster():

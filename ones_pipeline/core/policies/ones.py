@@ -103,7 +103,10 @@ class OnesParams(PolicyParams):
     finishes its leftover no earlier than alone at its fastest goodput, nor than its place in a least-first
     queue of the late jobs' leftover GPU-time at their most GPU-efficient size on the whole cluster
     (``OnesContext._chain_tail``: the lower bound's two relaxations, applied at the horizon); its terms
-    depend on one another too. ``keep_unless_better``: after the search, changes to running jobs' counts
+    depend on one another too. ``tail_chain_plain`` a in [0, 1] (with ``tail_chain``): a late job's leftover
+    counts (1 - a) x the chain's estimate plus a x the plain one (its leftover at its request's goodput), so
+    the progress of the late job with the most left keeps a share of its plain value and it is not deferred
+    without end. ``keep_unless_better``: after the search, changes to running jobs' counts
     are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
     ``hesrpt`` (null, a speedup exponent p in [0, 0.98], or "auto": each job's own from its goodput table):
     the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
@@ -152,6 +155,7 @@ class OnesParams(PolicyParams):
     hesrpt_floor: float = 0.0
     min_hold_s: float | None = None
     tail_chain: bool = False
+    tail_chain_plain: float = 0.0
 
     @property
     def hold_s(self) -> float:
@@ -208,6 +212,7 @@ class OnesParams(PolicyParams):
             hesrpt_floor=check_float(n, "hesrpt_floor", self.hesrpt_floor, 0.0, 1.0),
             min_hold_s=None if self.min_hold_s is None else check_float(n, "min_hold_s", self.min_hold_s, 0.0),
             tail_chain=check_bool(n, "tail_chain", self.tail_chain),
+            tail_chain_plain=check_float(n, "tail_chain_plain", self.tail_chain_plain, 0.0, 1.0),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain and tail_srpt are two models of the jobs still running at the "
@@ -345,7 +350,7 @@ class OnesPolicy(PolicyBase):
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
-                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain)
+                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain, c.tail_chain_plain)
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

@@ -20,9 +20,10 @@ class OnesContext:
                  change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
                  shrink_cost_factor: float = 1.0, tail_srpt: bool = False, hesrpt: float | str | None = None,
-                 hesrpt_scope: str = "all", hesrpt_floor: float = 0.0, tail_chain: bool = False):
+                 hesrpt_scope: str = "all", hesrpt_floor: float = 0.0, tail_chain: bool = False,
+                 tail_chain_plain: float = 0.0):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
-        self.tail_srpt, self.tail_chain = tail_srpt, tail_chain
+        self.tail_srpt, self.tail_chain, self.tail_chain_plain = tail_srpt, tail_chain, tail_chain_plain
         self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
         self.shrink_cost_factor = shrink_cost_factor
@@ -220,7 +221,8 @@ class OnesContext:
         left = np.maximum(left, 0.0)
         late = left / self.ref_rate[None, :]
         if self.tail_chain:
-            late = self._chain_tail(left, done_by > H)
+            a = self.tail_chain_plain
+            late = (1.0 - a) * self._chain_tail(left, done_by > H) + a * late
         elif self.tail_srpt:
             late = np.maximum(late, self._srpt_tail(np.where(done_by > H, left, np.inf)))
         if self.hesrpt is not None and self.hesrpt_scope == "late":
