@@ -205,8 +205,13 @@ def test_ones_params_are_frozen_and_normalised():
     assert p.to_dict()["batch_factors"] == [1.0, 2.0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.population = 3  # type: ignore[misc]
-    with pytest.raises(ValueError, match="tail_chain and tail_srpt are two models"):
+    both = r"tail_chain \(on by default\) and tail_srpt are two models.*tail_srpt needs tail_chain: false"
+    with pytest.raises(ValueError, match=both):
         OnesParams(tail_chain=True, tail_srpt=True)
+    with pytest.raises(ValueError, match=both):
+        OnesParams(tail_srpt=True)  # tail_chain is on by default
+    assert OnesParams(tail_srpt=True, tail_chain=False).tail_srpt
+    assert OnesParams().tail_chain and OnesParams().tail_chain_plain == 0.3
 
 
 # -- jobs that tune their own batch (OnesParams.job_batch) -------------------------------------------

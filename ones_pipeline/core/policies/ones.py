@@ -99,14 +99,14 @@ class OnesParams(PolicyParams):
     ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the
     late jobs' leftover GPU-time least first (``OnesContext._srpt_tail``), which adds shortest-remaining
     pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
-    only approximate the fitness. ``tail_chain`` (not with ``tail_srpt``): a job still running at the horizon
-    finishes its leftover no earlier than alone at its fastest goodput, nor than its place in a least-first
+    only approximate the fitness. ``tail_chain`` (default on; not with ``tail_srpt``): a job still running at
+    the horizon finishes its leftover no earlier than alone at its fastest goodput, nor than its place in a least-first
     queue of the late jobs' leftover GPU-time at their most GPU-efficient size on the whole cluster
     (``OnesContext._chain_tail``: the lower bound's two relaxations, applied at the horizon); its terms
-    depend on one another too. ``tail_chain_plain`` a in [0, 1] (with ``tail_chain``): a late job's leftover
-    counts (1 - a) x the chain's estimate plus a x the plain one (its leftover at its request's goodput), so
-    the progress of the late job with the most left keeps a share of its plain value and it is not deferred
-    without end. ``keep_unless_better``: after the search, changes to running jobs' counts
+    depend on one another too. ``tail_chain_plain`` a in [0, 1] (with ``tail_chain``; default 0.3): a late
+    job's leftover counts (1 - a) x the chain's estimate plus a x the plain one (its leftover at its
+    request's goodput), so the progress of the late job with the most left keeps a share of its plain value
+    and it is not deferred without end. ``keep_unless_better``: after the search, changes to running jobs' counts
     are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
     ``hesrpt`` (null, a speedup exponent p in [0, 0.98], or "auto": each job's own from its goodput table):
     the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
@@ -154,8 +154,8 @@ class OnesParams(PolicyParams):
     hesrpt_scope: str = "all"
     hesrpt_floor: float = 0.0
     min_hold_s: float | None = None
-    tail_chain: bool = False
-    tail_chain_plain: float = 0.0
+    tail_chain: bool = True
+    tail_chain_plain: float = 0.3
 
     @property
     def hold_s(self) -> float:
@@ -215,8 +215,9 @@ class OnesParams(PolicyParams):
             tail_chain_plain=check_float(n, "tail_chain_plain", self.tail_chain_plain, 0.0, 1.0),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
-            raise ValueError(f"{n}: tail_chain and tail_srpt are two models of the jobs still running at the "
-                             "horizon; set at most one of them to true")
+            raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
+                             "running at the horizon; set at most one of them to true (tail_srpt needs "
+                             "tail_chain: false)")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
