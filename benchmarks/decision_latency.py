@@ -9,17 +9,23 @@ jobs running, most with throughput observations. Each policy decides once from s
 from its own schedule (the steady state of a live sensor); both are timed.
 
     python benchmarks/decision_latency.py [--repeats 3] [--policies ones,pollux] [--scales 64,4096]
+        [--ones-params '{"tail_chain": false}']
+
+``--ones-params`` (a JSON object of ``OnesParams`` options) times ``ones`` with them as well, on the same
+states in the same run, as the row ``ones*``: what an option costs, measured against the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 import tracemalloc
 
 import numpy as np
 
+from ones_pipeline.core import estimates, goodput
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.sim.runner import ALL_POLICIES
 from ones_pipeline.sim.synthetic import random_scheduler_state
@@ -27,13 +33,18 @@ from ones_pipeline.sim.synthetic import random_scheduler_state
 SCALES = [(64, 50, 4), (512, 400, 8), (4096, 3000, 8)]  # (GPUs, jobs, GPUs per node)
 
 
-def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int) -> tuple[float, float]:
+def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int, params: dict | None = None,
+                ) -> tuple[float, float]:
     """(median seconds of a first decision, median seconds of a follow-up decision)."""
     firsts, seconds = [], []
     for rep in range(repeats):
         rng = np.random.default_rng(100 + rep)
         cluster, views, current = random_scheduler_state(rng, jobs, gpus // gpn, gpn)
-        policy = make_policy(name, seed=rep)
+        policy = make_policy(name, seed=rep, **(params or {}))
+        # A first decision fits every job's step-time model; the fits are cached by their observations, so
+        # without this a row timed after another on the same states (``ones*``) would skip them.
+        estimates._fit_cached.cache_clear()
+        goodput._FITS.clear()
         t0 = time.perf_counter()
         schedule = policy.decide(1000.0, cluster, views, current)
         t1 = time.perf_counter()
@@ -63,8 +74,22 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(ALL_POLICIES))
     parser.add_argument("--scales", default=",".join(str(g) for g, _, _ in SCALES),
                         help="GPU counts of the scales to time (of " + ", ".join(str(g) for g, _, _ in SCALES) + ")")
+    parser.add_argument("--ones-params", default=None,
+                        help='JSON object of ones options, also timed as the row "ones*"')
     args = parser.parse_args()
     policies = [p for p in args.policies.split(",") if p]
+    variant = None
+    if args.ones_params is not None:
+        try:
+            variant = json.loads(args.ones_params)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--ones-params: not JSON ({exc})")
+        if not isinstance(variant, dict):
+            parser.error(f"--ones-params: a JSON object of ones options, got {args.ones_params!r}")
+        try:  # a bad option fails here, naming it, before anything is timed
+            make_policy("ones", **variant)
+        except (TypeError, ValueError) as exc:
+            parser.error(f"--ones-params: {exc}")
     wanted = {int(g) for g in args.scales.split(",") if g}
     scales = [s for s in SCALES if s[0] in wanted]
     if not scales:
@@ -73,12 +98,20 @@ def main() -> None:
     header = f"{'policy':<11}" + "".join(f"{f'{g} GPUs/{j} jobs':>26}" for g, j, _ in scales)
     print(header)
     print("-" * len(header))
-    for name in policies:
+    # Untimed decisions first (other states): the first few in a process pay for lazy imports and warm-up.
+    for name in policies + (["ones"] if variant is not None else []):
+        for rep in range(4):
+            cluster, views, current = random_scheduler_state(np.random.default_rng(90 + rep), 50, 16, 4)
+            make_policy(name, seed=rep).decide(1000.0, cluster, views, current)
+    rows = [(name, name, None) for name in policies] + ([("ones*", "ones", variant)] if variant is not None else [])
+    for label, name, params in rows:
         cells = []
         for gpus, jobs, gpn in scales:
-            first, follow = time_policy(name, gpus, jobs, gpn, args.repeats)
+            first, follow = time_policy(name, gpus, jobs, gpn, args.repeats, params)
             cells.append(f"{first * 1e3:>11.1f} / {follow * 1e3:>9.1f} ms")
-        print(f"{name:<11}" + "".join(f"{c:>26}" for c in cells), flush=True)
+        print(f"{label:<11}" + "".join(f"{c:>26}" for c in cells), flush=True)
+    if variant is not None:
+        print(f"ones*: ones with {json.dumps(variant)}")
     if "ones" in policies:
         print()
         for gpus, jobs, gpn in scales:
