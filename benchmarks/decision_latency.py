@@ -25,7 +25,7 @@ import tracemalloc
 
 import numpy as np
 
-from ones_pipeline.core import estimates, goodput
+from ones_pipeline.core.estimates import forget_fits
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.sim.runner import ALL_POLICIES
 from ones_pipeline.sim.synthetic import random_scheduler_state
@@ -43,8 +43,7 @@ def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int, params:
         policy = make_policy(name, seed=rep, **(params or {}))
         # A first decision fits every job's step-time model; the fits are cached by their observations, so
         # without this a row timed after another on the same states (``ones*``) would skip them.
-        estimates._fit_cached.cache_clear()
-        goodput._FITS.clear()
+        forget_fits()
         t0 = time.perf_counter()
         schedule = policy.decide(1000.0, cluster, views, current)
         t1 = time.perf_counter()
@@ -99,7 +98,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     # Untimed decisions first (other states): the first few in a process pay for lazy imports and warm-up.
-    for name in policies + (["ones"] if variant is not None else []):
+    for name in dict.fromkeys(policies + (["ones"] if variant is not None else [])):
         for rep in range(4):
             cluster, views, current = random_scheduler_state(np.random.default_rng(90 + rep), 50, 16, 4)
             make_policy(name, seed=rep).decide(1000.0, cluster, views, current)

@@ -294,6 +294,18 @@ def test_fit_many_fills_the_memo_that_fitted_reads():
         gp.fitted(())
 
 
+def test_forget_fits_makes_the_next_decision_fit_from_scratch():
+    from ones_pipeline.core import estimates
+
+    s = well_posed_sets()[0][:-1] + (ThroughputObs(1, 1, 40, 0.111, 0.0),)
+    first = gp.fitted(s)
+    estimates._fit_cached(s)
+    estimates.forget_fits()
+    assert estimates._fit_cached.cache_info().currsize == 0
+    again = gp.fitted(s)
+    assert again is not first and np.array_equal(again, first)  # refitted, to the same parameters
+
+
 def test_split_rules():
     micro, accum = gp.split_for(np.array([100, 300, 64]), np.array([1, 1, 1]), 128, 64)
     assert accum.tolist() == [1, 2, 0]  # above M0 on one GPU: at least two micro-steps

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ones_pipeline.core import goodput
 from ones_pipeline.core import throughput as tp
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
 from ones_pipeline.core.progress import remaining_samples
@@ -44,6 +45,13 @@ def _fit_cached(observations: tuple) -> tp.ThroughputParams:
     """A job's observations change only when it runs somewhere new: refit only then (the result is an
     immutable tuple of numbers, safe to share)."""
     return tp.fit_params(observations)
+
+
+def forget_fits() -> None:
+    """Drop the memoised step-time fits (this module's and ``goodput``'s), so the next decision fits every
+    job from scratch, as the first decision of a fresh process does."""
+    _fit_cached.cache_clear()
+    goodput.forget_fits()
 
 
 def remaining_work(jobs: Sequence[JobView]) -> np.ndarray:

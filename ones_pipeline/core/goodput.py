@@ -392,6 +392,11 @@ def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]]) -> None:
         _FITS[key] = p
 
 
+def forget_fits() -> None:
+    """Drop every memoised fit (a benchmark timing a decision that fits from scratch)."""
+    _FITS.clear()
+
+
 def fitted(observations: tuple[ThroughputObs, ...]) -> np.ndarray:
     """(7,) read-only ``fit_perf_params`` of one job, memoised on the observation tuple (a job refits
     only when it has run on a configuration it had not seen)."""
