@@ -1,3 +1,6 @@
+import fcntl
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,3 +29,23 @@ def uri(template_db, tmp_path) -> str:
     from mlflow_helpers import copy_store
 
     return copy_store(template_db, tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _one_slurm_test_at_a_time(request):
+    """Tests marked ``slurm`` share one private cluster (its GPUs, its queue, its drained nodes): they hold
+    an exclusive lock beside its config while they run. ``--dist loadgroup`` was meant to keep them on
+    one worker, but pytest 9.2 broke that silently (pytest-dev/pytest-xdist#1386: tests of one
+    ``xdist_group`` ran on both workers at once, and a test draining a node or cancelling its leftovers
+    failed another's Slurm job); pyproject.toml keeps pytest below 9.2 and this lock holds either way."""
+    if request.node.get_closest_marker("slurm") is None:
+        yield
+        return
+    conf = os.environ.get("SLURM_CONF")
+    where = Path(conf).parent if conf and Path(conf).parent.is_dir() else Path(tempfile.gettempdir())
+    with open(where / "ones-slurm-tests.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -69,6 +69,11 @@ def failure_messages(port: int, runs: list[dict]) -> dict[str, list[str]]:
     return out
 
 
+def failures_text(failures: dict[str, list[str]]) -> str:
+    """``failure_messages`` as plain text for an assertion message (not a dict: pytest would shorten its repr)."""
+    return "\n".join(f"run {run_id}:\n  " + "\n  ".join(lines) for run_id, lines in failures.items())
+
+
 def wait_for_webserver(port: int, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
     """Until the webserver `ones up` started answers GraphQL (fail with its log if it died)."""
     deadline = time.monotonic() + timeout_s
@@ -214,7 +219,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     # and the run ends green (asked to stop, it checkpointed and ended normally), never FAILURE.
     planned = [r for r in runs if {t["key"]: t["value"] for t in r["tags"]}.get("ones/outcome")]
     assert planned and all(r["status"] == "SUCCESS" for r in planned), [(r["runId"], r["status"]) for r in runs]
-    assert not failures, failures
+    assert not failures, failures_text(failures)
 
     # The report ran once everything ended and `ones status` shows every job finished.
     assert all(line.split()[1] == "finished" for line in status.stdout.splitlines()[1:]

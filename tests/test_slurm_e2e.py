@@ -22,6 +22,7 @@ from test_e2e import (  # noqa: E402
     MATERIALIZATIONS,
     RUNS,
     failure_messages,
+    failures_text,
     free_port,
     graphql,
     stop_ones_up,
@@ -154,7 +155,8 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     assert preempted or any(len(s) >= 2 for s in sizes.values()), f"no preemption or resize: {sizes} {by_job}"
     planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]  # those that checkpointed
     assert all(g["status"] == "SUCCESS" for g in planned), by_job  # asked to stop: ended green
-    assert not failures, (failures, (project / "up.log").read_text()[-3000:])
+    # A str message (pytest shortens a tuple's repr, and cut the reason out of one CI failure).
+    assert not failures, failures_text(failures) + "\n--- up.log ---\n" + (project / "up.log").read_text()[-3000:]
     # Every generation that trained ran as a Slurm job (one cancelled while starting may not have got that far).
     assert all("ones/slurm-job" in g for gens in by_job.values() for g in gens if g["status"] == "SUCCESS"), by_job
 

@@ -62,3 +62,14 @@ def test_sbatch_args_one_shape_per_node_counts(tmp_path: Path):
     assert het == "--het-group=0-1 " and args.count(":") == 1
     first, second = args[:args.index(":")], args[args.index(":") + 1:]
     assert {"--nodelist=n1", "--ntasks=3"} <= set(first) and {"--nodelist=n2", "--ntasks=1"} <= set(second)
+
+
+def test_output_tail_gives_the_last_non_empty_lines_for_a_failed_jobs_error(tmp_path: Path):
+    from ones_pipeline.defs.slurm_step import _output_tail
+
+    out = tmp_path / "slurm-7.out"
+    assert _output_tail(out) == ""  # no output file yet
+    out.write_text("".join(f"line {i}\n\n" for i in range(20)) + "Traceback: boom\n")
+    assert _output_tail(out, lines=3) == "line 18\nline 19\nTraceback: boom"
+    out.write_text("x" * 20000 + "\nlast words\n")  # only the end of a large file is read
+    assert _output_tail(out, lines=1) == "last words"

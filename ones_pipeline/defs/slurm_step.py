@@ -13,8 +13,9 @@ Cancelling the Dagster run (a preemption or resize) interrupts the wait; then, i
 up to the grace period plus a margin for the job to leave the queue, then ``scancel`` outright. A job
 pending beyond ``launcher.slurm.pending_timeout_s`` (its resources are taken outside this product, or a
 node was drained) is cancelled and fails the run with Slurm's reason; so does a job that ends in any
-state but COMPLETED with exit code 0 (NODE_FAIL when a node goes down): the scheduler plans it again
-and it resumes from its checkpoint.
+state but COMPLETED with exit code 0 (NODE_FAIL when a node goes down), unless rank 0's task had ended
+cleanly before (``rank-0.exit``: its checkpoint is final; a warning says what Slurm reported): the
+scheduler plans it again and it resumes from its checkpoint.
 
 No ``from __future__ import annotations``: Dagster resolves annotations at runtime.
 """
@@ -40,7 +41,7 @@ from ones_pipeline.adapters.slurm import (
 )
 from ones_pipeline.config import EnvConfig
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.slurm_ranks import devices_text, read_rank_records
+from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, devices_text, read_rank_records
 
 POLL_S = 0.5
 STOP_MARGIN_S = 15.0  # beyond the grace period, for Slurm to reap the job after its ranks exit
@@ -147,6 +148,26 @@ class _Output:
                 context.log.info(f"slurm: {line}")
 
 
+def _leader_exit(step_dir: Path) -> str:
+    """What rank 0's task wrote as its exit code (``LEADER_EXIT_FILE``), or "" when it did not."""
+    try:
+        return (step_dir / LEADER_EXIT_FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _output_tail(path: Path, lines: int = 8) -> str:
+    """The last non-empty lines of the job's output file (why it failed, for the run's error), or ""."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 8192))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-lines:])
+
+
 def _wait(context, alloc: RunAllocation, env: EnvConfig, job_id: str, step_dir: Path) -> JobState:
     """Poll the job until it leaves the queue; relay its output; tag the run with the ranks' devices once
     all ranks are up; fail it when it stays pending too long."""
@@ -248,7 +269,17 @@ def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, 
             final = _wait(context, alloc, env, job_id, step_dir)
         finally:
             _stop(context, alloc, env, job_id)
-        if final.state != "COMPLETED" or final.exit_code not in ("0:0", ""):
+        clean = final.state == "COMPLETED" and final.exit_code in ("0:0", "")
+        if not clean and _leader_exit(step_dir) == "0":
+            # Rank 0's task (the Pipes process) ended cleanly: the job's checkpoint or result and its MLflow
+            # run are final, whatever Slurm made of the other tasks afterwards.
+            context.log.warning(f"Slurm job {job_id} ended {final.state} (exit {final.exit_code}, reason "
+                                f"{final.reason}) after rank 0 had ended cleanly: its checkpoint is final; "
+                                f"output in {step_dir}")
+            clean = True
+        if not clean:
+            tail = _output_tail(step_dir / f"slurm-{job_id}.out")
             raise _failure(alloc, f"Slurm job {job_id} ended {final.state} (exit {final.exit_code}, "
-                           f"reason {final.reason}); output in {step_dir}", slurm_job=job_id, state=final.state)
+                           f"reason {final.reason}); output in {step_dir}"
+                           + (f"; its last lines:\n{tail}" if tail else ""), slurm_job=job_id, state=final.state)
     return dg.PipesClientCompletedInvocation(session)

@@ -14,7 +14,10 @@ Pipes) whose step process disappears: its run has ended, and the scheduler start
 A planned preemption reaches the launcher as a file, not a signal: the scheduler's apply run writes
 ``preempt-g<generation>.json`` in the job's directory (``config.layout.preempt_request_file``), the
 launcher stops its ranks as on SIGTERM and exits 0, and the Dagster step ends normally (no interrupt, no
-red failure). Every Slurm task's launcher sees the same file on the shared filesystem.
+red failure). Every Slurm task's launcher sees the same file on the shared filesystem; only rank 0's task
+decides that a generation had not trained yet and kills its rank at once, and the other tasks follow its
+"stopped" event. Rank 0 is the one whose exit counts: once it has ended cleanly, a peer that fails as the
+group breaks up (a collective whose rank 0 left) does not fail the launcher.
 """
 
 from __future__ import annotations
@@ -169,17 +172,29 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     preempt = preempt_request_file(req.state_dir, req.allocation.generation)
 
+    leader = req.ranks is None or 0 in req.ranks
+
     def relay(final: bool = False) -> None:
         for row in tail.rows():
-            if row.get("event") == "training" and row.get("generation") == req.allocation.generation:
-                trained.append(True)
+            if row.get("generation") == req.allocation.generation:
+                if row.get("event") == "training":
+                    trained.append(True)
+                elif (row.get("event") == "stopped" and row.get("before_training") and not leader
+                      and not killed_clean and not final):
+                    # Rank 0's task stopped its rank before it trained: no checkpoint will be agreed on,
+                    # so this task's ranks are stopped now too (nothing of theirs is lost).
+                    _kill(procs)
+                    killed_clean.append(True)
             if on_event is not None:
                 on_event(row)
         if not final and not deadline and preempt.exists():
             log.info("job %s: the scheduler asks generation %d to stop (%s): checkpointing", req.spec.name,
                      req.allocation.generation, _preempt_reason(preempt))
             on_signal(signal.SIGTERM, None)
-            if not trained:
+            # Only the task of rank 0 decides that the generation has not trained yet (each task reads the
+            # progress file at its own moment: a task of another rank deciding alone could kill its rank
+            # while rank 0 agrees a checkpoint with it); the others follow its "stopped" event above.
+            if not trained and leader:
                 _stop_before_training(req, procs)
                 killed_clean.append(True)
 
@@ -217,6 +232,32 @@ def _preempt_reason(path: Path) -> str:
         return "no reason given"
 
 
+def _ranks(req: LaunchRequest) -> list[int]:
+    return list(req.ranks) if req.ranks is not None else list(range(req.world_size))
+
+
+def _leader_verdict(req: LaunchRequest, codes: Sequence[int | None], wait_s: float) -> bool:
+    """Whether rank 0 ended cleanly: its exit code where this launcher ran it; else (a Slurm task of other
+    ranks) what rank 0's task wrote in ``leader_exit_file``, waited for up to ``wait_s``: rank 0's task
+    ends after its rank, and a peer of a rank that left fails at once."""
+    ranks = _ranks(req)
+    if 0 in ranks:
+        return codes[ranks.index(0)] == 0
+    if req.leader_exit_file is None:
+        return False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = req.leader_exit_file.read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            return text == "0"
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
 def _leader_ended_cleanly(req: LaunchRequest) -> bool:
     if req.leader_exit_file is None:
         return False
@@ -229,9 +270,10 @@ def _leader_ended_cleanly(req: LaunchRequest) -> bool:
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
                relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False,
                killed_clean: Sequence[bool] = ()) -> int:
-    """Poll the ranks until all exit (0 when all did cleanly). A failed rank stops the others, and so does
-    ``orphaned()`` turning true; ranks still running ``grace_period_s`` after the stop request, or after
-    rank 0 ended cleanly, are killed."""
+    """Poll the ranks until all exit: 0 when all did cleanly, or when rank 0 did (a peer failing as the
+    group breaks up loses nothing: rank 0's checkpoint is final). A failed rank stops the others, and so
+    does ``orphaned()`` turning true; ranks still running ``grace_period_s`` after the stop request, or
+    after rank 0 ended cleanly, are killed."""
     lingering_since: float | None = None
     next_relay = 0.0
     while True:
@@ -240,7 +282,16 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             next_relay = time.monotonic() + 1.0
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
-            return 0 if all(c == 0 for c in codes) or killed_clean else 1
+            if all(c == 0 for c in codes) or killed_clean:
+                return 0
+            if _leader_verdict(req, codes, wait_s=req.grace_period_s):
+                # Rank 0 ended cleanly: its checkpoint (or the job's result) and its MLflow run are final,
+                # so a peer that failed as the group broke up (rank 0 gone from a collective) lost nothing.
+                log.warning("job %s: rank(s) %s exited with %s after rank 0 ended cleanly: a failure while "
+                            "the ranks broke up, not the job's", req.spec.name,
+                            [r for r, c in zip(_ranks(req), codes, strict=True) if c], sorted({c for c in codes if c}))
+                return 0
+            return 1
         if lingering_since is None and (codes[0] == 0 and (req.ranks is None or 0 in req.ranks)
                                         or _leader_ended_cleanly(req)):
             lingering_since = time.monotonic()
