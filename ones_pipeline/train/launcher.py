@@ -171,7 +171,6 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     preempt = preempt_request_file(req.state_dir, req.allocation.generation)
-
     leader = req.ranks is None or 0 in req.ranks
 
     def relay(final: bool = False) -> None:
@@ -191,10 +190,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
             log.info("job %s: the scheduler asks generation %d to stop (%s): checkpointing", req.spec.name,
                      req.allocation.generation, _preempt_reason(preempt))
             on_signal(signal.SIGTERM, None)
-            # Only the task of rank 0 decides that the generation has not trained yet (each task reads the
-            # progress file at its own moment: a task of another rank deciding alone could kill its rank
-            # while rank 0 agrees a checkpoint with it); the others follow its "stopped" event above.
-            if not trained and leader:
+            if not trained and leader:  # only rank 0's task decides (see _stop_before_training)
                 _stop_before_training(req, procs)
                 killed_clean.append(True)
 
@@ -215,7 +211,9 @@ def _stop_before_training(req: LaunchRequest, procs: list[subprocess.Popen]) -> 
     importing torch, loading the checkpoint or meeting each other): no state has changed since the
     checkpoint on disk, so they are killed at once instead of being waited for (a start-up under load can
     outlast the grace period, and the kill would then read as a failure), and rank 0's launcher records
-    the stop for the orchestrator. The launcher then exits 0: a clean stop."""
+    the stop for the orchestrator. The launcher then exits 0: a clean stop. Only rank 0's task decides
+    this (Slurm tasks read the progress file at their own moments: a task of another rank deciding alone
+    could kill its rank while rank 0 agrees a checkpoint with it); the others follow its "stopped" event."""
     log.info("job %s: generation %d had not trained yet: stopping its processes now (nothing to checkpoint)",
              req.spec.name, req.allocation.generation)
     _kill(procs)
