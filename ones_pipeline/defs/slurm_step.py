@@ -41,7 +41,7 @@ from ones_pipeline.adapters.slurm import (
 )
 from ones_pipeline.config import EnvConfig
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, devices_text, read_rank_records
+from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, devices_text, read_leader_exit, read_rank_records
 
 POLL_S = 0.5
 STOP_MARGIN_S = 15.0  # beyond the grace period, for Slurm to reap the job after its ranks exit
@@ -146,14 +146,6 @@ class _Output:
         for line in data[:end].decode(errors="replace").splitlines():
             if line.strip():
                 context.log.info(f"slurm: {line}")
-
-
-def _leader_exit(step_dir: Path) -> str:
-    """What rank 0's task wrote as its exit code (``LEADER_EXIT_FILE``), or "" when it did not."""
-    try:
-        return (step_dir / LEADER_EXIT_FILE).read_text().strip()
-    except OSError:
-        return ""
 
 
 def _output_tail(path: Path, lines: int = 8) -> str:
@@ -270,7 +262,7 @@ def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, 
         finally:
             _stop(context, alloc, env, job_id)
         clean = final.state == "COMPLETED" and final.exit_code in ("0:0", "")
-        if not clean and _leader_exit(step_dir) == "0":
+        if not clean and read_leader_exit(step_dir / LEADER_EXIT_FILE) == "0":
             # Rank 0's task (the Pipes process) ended cleanly: the job's checkpoint or result and its MLflow
             # run are final, whatever Slurm made of the other tasks afterwards.
             context.log.warning(f"Slurm job {job_id} ended {final.state} (exit {final.exit_code}, reason "

@@ -39,6 +39,7 @@ from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.api import Placement, spec_to_json
 from ones_pipeline.train.checkpoint import check_state_dir
+from ones_pipeline.train.slurm_ranks import read_leader_exit
 
 log = logging.getLogger("ones_pipeline.train")
 
@@ -244,25 +245,9 @@ def _leader_verdict(req: LaunchRequest, codes: Sequence[int | None], wait_s: flo
     if req.leader_exit_file is None:
         return False
     deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            text = req.leader_exit_file.read_text().strip()
-        except OSError:
-            text = ""
-        if text:
-            return text == "0"
-        if time.monotonic() > deadline:
-            return False
+    while not (text := read_leader_exit(req.leader_exit_file)) and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def _leader_ended_cleanly(req: LaunchRequest) -> bool:
-    if req.leader_exit_file is None:
-        return False
-    try:
-        return req.leader_exit_file.read_text().strip() == "0"
-    except OSError:
-        return False
+    return text == "0"
 
 
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
@@ -290,8 +275,7 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
                             [r for r, c in zip(_ranks(req), codes, strict=True) if c], sorted({c for c in codes if c}))
                 return 0
             return 1
-        if lingering_since is None and (codes[0] == 0 and (req.ranks is None or 0 in req.ranks)
-                                        or _leader_ended_cleanly(req)):
+        if lingering_since is None and _leader_verdict(req, codes, wait_s=0.0):
             lingering_since = time.monotonic()
         if lingering_since is not None and time.monotonic() - lingering_since > req.grace_period_s:
             # Rank 0 ended cleanly (its checkpoint and MLflow run are final) but a peer has not

@@ -35,6 +35,14 @@ def rank_record() -> dict:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""), "slurm_step_id": os.environ.get("SLURM_STEP_ID", "")}
 
 
+def read_leader_exit(path: Path) -> str:
+    """What rank 0's task wrote in ``LEADER_EXIT_FILE`` (its exit code), or "" while it has not."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
 def read_rank_records(step_dir: Path) -> list[dict]:
     """The ``rank-<r>.json`` files the tasks of one generation wrote, by rank."""
     out = []
