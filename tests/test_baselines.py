@@ -371,3 +371,34 @@ def test_pollux_mutation_touches_few_jobs():
     # 3 nodes with free GPUs -> about 3 raised jobs, plus 10 % resets and zeroed entries: a few, never all.
     assert changed_rows.mean() < 6
     assert changed_rows.max() < 20
+
+
+def _peeled_fronts(fit: np.ndarray, util: np.ndarray, needed: int | None) -> np.ndarray:
+    """NSGA-II's fronts by definition: peel the candidates no remaining one dominates, front after front,
+    until ``needed`` are ranked; the rest share the next rank."""
+    n = fit.size
+    dom = ((fit[:, None] >= fit[None, :]) & (util[:, None] >= util[None, :])
+           & ((fit[:, None] > fit[None, :]) | (util[:, None] > util[None, :])))  # [i, j]: i dominates j
+    rank = np.full(n, -1)
+    r = 0
+    while (rank >= 0).sum() < n and (needed is None or (rank >= 0).sum() < needed):
+        left = rank < 0
+        now = left & ~dom[left].any(axis=0)
+        rank[now] = r
+        r += 1
+    rank[rank < 0] = r
+    return rank
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=40), st.none() | st.integers(-1, 45))
+def test_pollux_fronts_match_peeling_the_dominated_candidates(points, needed):
+    """The one-pass front ranking of pollux's NSGA-II selection gives the fronts that peeling gives, ties
+    in either objective included (small integer objectives make many)."""
+    from ones_pipeline.core.policies.pollux import _fronts_and_crowding
+
+    fit = np.array([p[0] for p in points], dtype=float)
+    util = np.array([p[1] for p in points], dtype=float)
+    rank, crowd = _fronts_and_crowding(fit, util, needed)
+    assert rank.tolist() == _peeled_fronts(fit, util, needed).tolist()
+    assert crowd.shape == fit.shape

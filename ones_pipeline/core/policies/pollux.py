@@ -241,21 +241,49 @@ def _tournament(a: np.ndarray, b: np.ndarray, fit, util, crowd, rng: np.random.G
     return np.where(a_wins | (tie & by_crowd), a, b)
 
 
+def _nondominated_ranks(fit: np.ndarray, util: np.ndarray) -> np.ndarray:
+    """(n,) each candidate's non-dominated front (0: no other candidate dominates it), both objectives
+    maximised: 1 + the highest front of the candidates dominating it. With two objectives one pass does it
+    (O(n log n), no n x n matrix): taken by fitness, then utility, best first, every candidate's dominators
+    come before it, and a front dominates it exactly when that front's best utility so far is higher (or
+    equal, held by a candidate of higher fitness); the fronts that dominate a candidate are the first few
+    (a dominator's own dominators sit in every front below its own), so a binary search finds its front."""
+    f, u = fit.tolist(), util.tolist()
+    rank = [0] * len(f)
+    top_u: list[float] = []  # per front: the best utility of its candidates so far
+    top_f: list[float] = []  # ... and the best fitness among its candidates with that utility
+    for i in np.lexsort((-util, -fit)).tolist():
+        ui, fi = u[i], f[i]
+        lo, hi = 0, len(top_u)
+        while lo < hi:  # the first front that does not dominate candidate i
+            mid = (lo + hi) // 2
+            if top_u[mid] > ui or (top_u[mid] == ui and top_f[mid] > fi):
+                lo = mid + 1
+            else:
+                hi = mid
+        rank[i] = lo
+        if lo == len(top_u):
+            top_u.append(ui)
+            top_f.append(fi)
+        elif ui > top_u[lo] or (ui == top_u[lo] and fi > top_f[lo]):
+            top_u[lo], top_f[lo] = ui, fi
+    return np.array(rank, dtype=np.int64)
+
+
 def _fronts_and_crowding(fit: np.ndarray, util: np.ndarray, needed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rank (0 = non-dominated), crowding distance) of each candidate, NSGA-II style, both maximised.
     Fronts are peeled until ``needed`` candidates are ranked; the rest share the next rank."""
     n = fit.size
-    dom = _dominates(fit[:, None], util[:, None], fit[None, :], util[None, :])  # [i, j]: i dominates j
-    left = dom.sum(axis=0)
-    rank = np.full(n, -1)
-    r, ranked = 0, 0
-    while ranked < n and (needed is None or ranked < needed):
-        now = (left == 0) & (rank < 0)
-        rank[now] = r
-        ranked += int(now.sum())
-        left = left - dom[now].sum(axis=0)
-        r += 1
-    rank[rank < 0] = r
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    rank = _nondominated_ranks(fit, util)
+    if needed is not None:
+        if needed <= 0:
+            rank[:] = 0
+        else:
+            ranked = np.cumsum(np.bincount(rank))  # candidates in fronts 0 .. r
+            if ranked[-1] >= needed:
+                rank = np.minimum(rank, int(np.argmax(ranked >= needed)) + 1)
     crowd = np.zeros(n)
     for obj in (fit, util):
         o = np.lexsort((obj, rank))  # by front, then objective
