@@ -64,7 +64,7 @@ def _gns_loops(model: str, rank: int, world: int, batch: int, state: Path, contr
 
     from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
     from ones_pipeline.train.api import Placement, TrainingSession
-    from ones_pipeline.train.builtin import resolve_workload
+    from ones_pipeline.train.catalogue import resolve_workload
     from ones_pipeline.train.data import load_dataset
     from ones_pipeline.train.models import build_model
     from ones_pipeline.train.noise_probe import DEFAULT_BUDGET

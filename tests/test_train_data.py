@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -92,6 +94,23 @@ def test_digits_offline_and_deterministic(monkeypatch):
         assert torch.equal(a, b)
     other = load_dataset("digits", seed=1)
     assert not torch.equal(other[1].tensors[1], test.tensors[1])
+
+
+def test_digits_read_from_the_shipped_file_equal_scikit_learns_loader_without_importing_it():
+    """The digits are read straight from the file scikit-learn ships (its import cost a rank ~5 s of CPU):
+    the same arrays as ``load_digits``, and a rank that loads them does not import scikit-learn."""
+    from sklearn.datasets import load_digits
+
+    from ones_pipeline.train import data as data_mod
+
+    assert data_mod._digits_file() is not None
+    x, y = data_mod._digits_raw()
+    bunch = load_digits()
+    assert np.array_equal(x, bunch.data) and np.array_equal(y, bunch.target) and x.dtype == np.float64
+    code = ("import sys; from ones_pipeline.train.data import load_dataset; load_dataset('digits', seed=0); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", (out.stdout, out.stderr[-2000:])
 
 
 def test_cifar_synthetic_deterministic_and_sized():

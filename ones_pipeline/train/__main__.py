@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -28,8 +29,9 @@ from typing import Any
 
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.api import spec_from_json
+from ones_pipeline.train.catalogue import resolve_workload, train_size
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
+from ones_pipeline.train.placement import spec_from_json
 from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, RANK_FILE, STEP_DIR_ENV, env_int, rank_record
 
 
@@ -78,16 +80,13 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         stopping = StoppingRule(StopKind.ACCURACY, target_accuracy=args.target_accuracy, patience=args.patience)
     else:
         stopping = StoppingRule(StopKind.EPOCHS, epochs=args.epochs or 1.0)
-    from ones_pipeline.train.builtin import resolve_workload
-    from ones_pipeline.train.data import load_dataset
-
     try:
-        _, dataset = resolve_workload(args.model)
+        resolve_workload(args.model)
     except ValueError as exc:
         raise LaunchError(str(exc)) from exc
-    train, _, _ = load_dataset(dataset)
-    return JobSpec(name=args.name, model=args.model, dataset_size=len(train), per_gpu_batch=args.per_gpu_batch,
-                   base_lr=args.base_lr, max_lr=args.max_lr, requested_gpus=max(args.slots, 1), stopping=stopping)
+    return JobSpec(name=args.name, model=args.model, dataset_size=train_size(args.model),
+                   per_gpu_batch=args.per_gpu_batch, base_lr=args.base_lr, max_lr=args.max_lr,
+                   requested_gpus=max(args.slots, 1), stopping=stopping)
 
 
 PIPES_KEYS = {"allocation", "state_dir", "tracking_uri", "experiment", "grace_period_s", "seed", "in_container"}
@@ -271,4 +270,9 @@ def _main_slurm_task(request_file: Path, under_pipes: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    # Exit without the interpreter's final garbage collections over everything torch and MLflow loaded:
+    # they took 1-2 s of CPU in every launcher process (py-spy: gc_collect_main at exit), all of it after the
+    # work was done and written. Frozen objects are never collected; the process is ending.
+    gc.freeze()
+    sys.exit(_code)

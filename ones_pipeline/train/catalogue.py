@@ -16,3 +16,11 @@ def train_size(model: str) -> int | None:
     """Samples per epoch of built-in workload ``model``, None for any other name."""
     workload = WORKLOADS.get(model)
     return TRAIN_SIZES[workload[1]] if workload else None
+
+
+def resolve_workload(model: str) -> tuple[str, str]:
+    """(model architecture, dataset) of built-in workload ``model``; ValueError naming the allowed ones."""
+    if model not in WORKLOADS:
+        raise ValueError(f"unknown built-in model {model!r}; allowed: {', '.join(WORKLOADS)} "
+                         "(or give the job a command to run your own script)")
+    return WORKLOADS[model]

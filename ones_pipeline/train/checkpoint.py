@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ones_pipeline.train.state_dir import check_state_dir
+
 log = logging.getLogger(__name__)
 
 LATEST_NAME = "checkpoint-latest.pt"
@@ -47,32 +49,6 @@ _LEAF_TYPES = (str, int, float, bool, bytes, type(None), torch.Tensor, torch.Siz
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint although checkpoint files exist (every one is unreadable)."""
-
-
-def check_state_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` if missing and make sure files can be created in it; return it as a ``Path``.
-
-    Raises ``ValueError`` when ``path`` (or a parent) is not a directory and ``PermissionError`` when
-    the directory cannot be created or written, both naming the path.
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"state directory {path} exists and is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except PermissionError as e:
-        raise PermissionError(f"cannot create state directory {path}: {e.strerror or e}") from e
-    except (FileExistsError, NotADirectoryError) as e:
-        raise ValueError(f"cannot create state directory {path}: a parent is not a directory ({e})") from e
-    except OSError as e:
-        raise PermissionError(f"cannot create state directory {path}: {e.strerror or e}") from e
-    try:  # a real probe: os.access is wrong for root and on some file systems (read-only mounts, ACLs)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise PermissionError(f"state directory {path} is not writable: {e.strerror or e}") from e
-    return path
 
 
 def _plain(value: Any, where: str) -> Any:

@@ -37,9 +37,9 @@ from pathlib import Path
 from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_request_file
 from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.train.api import Placement, spec_to_json
-from ones_pipeline.train.checkpoint import check_state_dir
+from ones_pipeline.train.placement import Placement, spec_to_json
 from ones_pipeline.train.slurm_ranks import read_leader_exit
+from ones_pipeline.train.state_dir import check_state_dir
 
 log = logging.getLogger("ones_pipeline.train")
 

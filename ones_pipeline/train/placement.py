@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ones_pipeline.core.types import JobSpec, spec_from_dict, spec_to_dict
-from ones_pipeline.train.noise_probe import DEFAULT_BUDGET, budget_from_env, budget_to_env
+from ones_pipeline.train.noise_budget import DEFAULT_BUDGET, budget_from_env, budget_to_env
 
 
 def system_metrics(gpu: bool) -> dict[str, float]:
