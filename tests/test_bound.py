@@ -34,8 +34,14 @@ def test_srpt_never_worse_than_any_order():
 
 
 def test_a_lone_job_is_never_faster_than_its_alone_bound():
+    """Each model of the first 12 jobs of a workload once, and the largest request (above the cluster)."""
     cluster = Cluster.uniform(2, 4)
-    for job in load_pollux_workload(packaged_workload("pollux:workload-6"))[:12]:
+    first = load_pollux_workload(packaged_workload("pollux:workload-6"))[:12]
+    picked = {job.spec.name.rsplit("-", 1)[0]: job for job in reversed(first)}  # model -> its first job
+    biggest = max(first, key=lambda job: job.spec.requested_gpus)
+    jobs = sorted({job.spec.name: job for job in [*picked.values(), biggest]}.values(), key=lambda job: job.spec.name)
+    assert len(jobs) >= 5 and biggest.spec.requested_gpus > cluster.num_gpus
+    for job in jobs:
         alone = lower_bound([job], cluster).mean_jct_s
         for name in ("fifo", "pollux"):
             res = simulate([job], make_policy(name, seed=0), cluster, SimConfig())
