@@ -123,3 +123,29 @@ def test_scheduler_and_config_import_no_outside_system():
                  if m.startswith((f"{PKG}.scheduler", f"{PKG}.config")) and ext & OUTSIDE_SYSTEMS}
     assert not offenders, f"scheduler/config modules importing an outside system: {offenders}"
     assert any(m.startswith(f"{PKG}.scheduler") for m in external)  # the package exists and was scanned
+
+
+def _reached(edges: dict[str, set[str]], start: str) -> set[str]:
+    """Every package module importing ``start`` runs (its imports, also those inside functions, and their
+    parent packages), ``start`` included."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        parts = n.split(".")
+        stack.extend([*edges.get(n, ()), *(".".join(parts[:i]) for i in range(1, len(parts)))])
+    return seen & set(edges)
+
+
+def test_the_training_launcher_never_imports_torch():
+    """The launcher (``python -m ones_pipeline.train``) starts the ranks and never trains: torch's import cost
+    it 2-3 s on every generation's start (docs/live.md, "What a restart costs")."""
+    edges, external = _graph()
+    reached = _reached(edges, f"{PKG}.train.__main__")
+    assert f"{PKG}.train.launcher" in reached and f"{PKG}.train.placement" in reached
+    offenders = sorted(m for m in reached if "torch" in external[m])
+    assert not offenders, f"modules the launcher imports that import torch: {offenders}"
+    assert "torch" in external[f"{PKG}.train.api"]  # the ranks' side does: the check can see it
