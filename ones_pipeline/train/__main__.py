@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from typing import Any
 
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.train import exit_without_final_gc
 from ones_pipeline.train.catalogue import resolve_workload, train_size
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
 from ones_pipeline.train.placement import spec_from_json
@@ -270,9 +270,4 @@ def _main_slurm_task(request_file: Path, under_pipes: bool) -> int:
 
 
 if __name__ == "__main__":
-    _code = main()
-    # Exit without the interpreter's final garbage collections over everything torch and MLflow loaded:
-    # they took 1-2 s of CPU in every launcher process (py-spy: gc_collect_main at exit), all of it after the
-    # work was done and written. Frozen objects are never collected; the process is ending.
-    gc.freeze()
-    sys.exit(_code)
+    exit_without_final_gc(main())

@@ -10,12 +10,11 @@ per-GPU batch above ``max_per_gpu_batch``.
 
 from __future__ import annotations
 
-import gc
 import logging
-import sys
 
 import torch
 
+from ones_pipeline.train import exit_without_final_gc
 from ones_pipeline.train.api import Placement, TrainingSession
 from ones_pipeline.train.catalogue import resolve_workload
 from ones_pipeline.train.data import load_dataset
@@ -82,9 +81,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    _code = main()
-    # Exit without the interpreter's final garbage collections over everything torch and MLflow loaded:
-    # they took 1-2 s of CPU in every rank process (py-spy: gc_collect_main at exit), all of it after the
-    # work was done and written. Frozen objects are never collected; the process is ending.
-    gc.freeze()
-    sys.exit(_code)
+    exit_without_final_gc(main())
