@@ -91,10 +91,11 @@ def project_processes(project: Path) -> list[Proc]:
 
 
 def run_id_of_worker(worker: int, procs: list[Proc]) -> str:
-    """The Dagster run a run worker executes, read from its step's compute-log tail command line."""
-    children = {p.pid for p in procs if p.ppid == worker}
+    """The Dagster run a run worker executes, read from its step's compute-log tail command line (a child
+    of the run worker, which runs its one step itself; or of a step worker under a multiprocess executor)."""
+    near = {worker} | {p.pid for p in procs if p.ppid == worker}
     for p in procs:
-        if p.ppid in children and "/storage/" in p.cmdline and "/compute_logs/" in p.cmdline:
+        if p.ppid in near and "/storage/" in p.cmdline and "/compute_logs/" in p.cmdline:
             return p.cmdline.split("/storage/", 1)[1].split("/", 1)[0]
     return ""
 
