@@ -172,6 +172,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "hesrpt_scope", "some", "ones: hesrpt_scope must be one of all, late, got 'some'"),
     (OnesParams, "hesrpt_floor", 1.5, "ones: hesrpt_floor must be a finite number >= 0.0 and <= 1.0, got 1.5"),
     (OnesParams, "min_hold_s", -1, "ones: min_hold_s must be a finite number >= 0.0, got -1"),
+    (OnesParams, "wait_weight", 0, "ones: wait_weight must be a finite number > 0.0, got 0"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -447,6 +448,36 @@ def test_hesrpt_floor_keeps_the_longest_jobs_weight_up():
     assert np.allclose(flat, plain[0])
     pop = np.array([[2, 1, 1], [1, 1, 2], [0, 2, 2]])
     assert np.allclose(_Ctx(*args, hesrpt=0.5, hesrpt_floor=1.0).fitness(pop), plain[0] * _Ctx(*args).fitness(pop))
+
+
+def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
+    """``wait_weight`` k: a job's completion term counts 1 + waited / (k x its time left at its request) times.
+    Two identical jobs (1000 s each on the one GPU), one of them waiting 2000 s longer, k = 1: unweighted
+    both orders are worth the same; weighted (factors 3 and 1), running the one that waited first wins. In
+    the policy a job's wait is its age less the time it has held GPUs; off (null), no weights."""
+    from ones_pipeline.core.policies.ones import _Ctx
+
+    table = np.array([[0.0, 10.0]] * 2)
+    args = (1, np.array([1, 1]), table, np.array([1e4, 1e4]), np.array([0, 0]), np.array([0.0, 0.0]),
+            np.array([0.0, 2000.0]), np.array([1, 1]))
+    pop = np.array([[1, 0], [0, 1]])
+    # Each job alone takes 1000 s; the second waits for the first: 1000 s and 2000 s, in either order.
+    assert np.allclose(_Ctx(*args).fitness(pop), [3000.0, 3000.0])
+    ctx = _Ctx(*args)
+    ctx.wait_weights = 1.0 + np.maximum(2000.0 - ctx.submit, 0.0) / (1.0 * ctx.t_need)  # now 2000 s
+    assert np.allclose(ctx.wait_weights, [3.0, 1.0])
+    assert np.allclose(ctx.fitness(pop), [3 * 1000.0 + 2000.0, 3 * 2000.0 + 1000.0])
+    rng = np.random.default_rng(1)
+    cluster, jobs, current = random_scheduler_state(rng, 12, 4, 4)
+    pol = OnesPolicy(seed=0, wait_weight=1.0)
+    pol.decide(7200.0, cluster, jobs, current).validate(cluster, {j.name: j.spec for j in jobs})
+    assert pol.params()["wait_weight"] == 1.0
+    off, _ = OnesPolicy(seed=0)._context(cluster, jobs, current, 7200.0)
+    assert off.wait_weights is None
+    on, _ = pol._context(cluster, jobs, current, 7200.0)
+    waited = np.maximum(7200.0 - np.array([j.submit_time_s + j.run_time_s for j in jobs]), 0.0)
+    assert np.allclose(on.wait_weights, 1.0 + waited / np.maximum(on.t_need, 1.0))
+    assert (on.wait_weights > 1.0).any()
 
 
 def test_keep_unless_better_undoes_changes_that_buy_nothing_and_keeps_those_that_do():

@@ -120,6 +120,11 @@ class OnesParams(PolicyParams):
     again on consecutive rounds, paying a restart each time. Null (the default): ``HOLD_PER_CHARGE`` x
     ``restart_cost_s`` (``hold_s``): 150 s with the simulator's 120 s charge; 12.5 s where a deployment
     charges the 10 s its restarts really cost, so the hold follows what a change costs where it runs.
+    ``wait_weight`` k (null: off): each job's completion term counts ``1 + waited / (k x left)`` times,
+    ``waited`` the time since its submission that it has held no GPUs (queued or paused) and ``left`` its
+    predicted time left at its requested count, so that a job kept waiting long against its own size is not
+    deferred again and again for jobs that would finish sooner (the tail of an overloaded trace); a job that
+    has been running all along gains no weight, however old.
     """
 
     policy = "ones"
@@ -156,6 +161,7 @@ class OnesParams(PolicyParams):
     min_hold_s: float | None = None
     tail_chain: bool = True
     tail_chain_plain: float = 0.3
+    wait_weight: float | None = None
 
     @property
     def hold_s(self) -> float:
@@ -213,6 +219,8 @@ class OnesParams(PolicyParams):
             min_hold_s=None if self.min_hold_s is None else check_float(n, "min_hold_s", self.min_hold_s, 0.0),
             tail_chain=check_bool(n, "tail_chain", self.tail_chain),
             tail_chain_plain=check_float(n, "tail_chain_plain", self.tail_chain_plain, 0.0, 1.0),
+            wait_weight=(None if self.wait_weight is None else
+                         check_float(n, "wait_weight", self.wait_weight, 0.0, strict_min=True)),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -309,7 +317,7 @@ class OnesPolicy(PolicyBase):
         if not jobs:
             self.population = {}
             return Schedule()
-        ctx, batches = self._context(cluster, jobs, current)
+        ctx, batches = self._context(cluster, jobs, current, now_s)
         if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
             ctx.lock = (since < hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
@@ -327,7 +335,8 @@ class OnesPolicy(PolicyBase):
             return schedule
         return tuned_schedule(cluster, jobs, schedule, current, self.config.recipe_first)
 
-    def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> tuple[_Ctx, np.ndarray]:
+    def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
+                 now_s: float = 0.0) -> tuple[_Ctx, np.ndarray]:
         """The arrays of this decision, and the global batch of each job at each GPU count (J, N+1)."""
         c = self.config
         J, G = len(jobs), cluster.num_gpus
@@ -352,6 +361,9 @@ class OnesPolicy(PolicyBase):
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
                    c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain, c.tail_chain_plain)
+        if c.wait_weight is not None:  # the longer a job has waited, against its time left, the more it counts
+            waited = np.maximum(now_s - submit - np.array([j.run_time_s for j in jobs]), 0.0)
+            ctx.wait_weights = 1.0 + waited / (c.wait_weight * np.maximum(ctx.t_need, 1.0))
         return ctx, batches
 
     def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:

@@ -26,6 +26,8 @@ class OnesContext:
         self.tail_srpt, self.tail_chain, self.tail_chain_plain = tail_srpt, tail_chain, tail_chain_plain
         self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
+        # (J,) factors on each job's completion term (``OnesParams.wait_weight``); None: all 1.
+        self.wait_weights: np.ndarray | None = None
         self.shrink_cost_factor = shrink_cost_factor
         # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
         self.cur_rate = cur_rate
@@ -231,6 +233,8 @@ class OnesContext:
         completion = np.where(done_by <= H, done_by, late)
         if self.hesrpt is not None and self.hesrpt_scope == "all":
             completion = completion * self.job_weights()[None, :]
+        if self.wait_weights is not None:
+            completion = completion * self.wait_weights[None, :]
         if self.gpu_time_weight <= 0:
             return completion, np.zeros_like(completion)
         # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond what the
