@@ -47,6 +47,7 @@ from ones_pipeline.core.policies.ones_fitness import keep_unless_better as _keep
 from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
     current_goodput,
+    fixed_batch_table,
     placed_goodput,
     scale_limits,
     tuned_schedule,
@@ -260,32 +261,6 @@ def _caps(cluster: Cluster, jobs: Sequence[JobView]) -> np.ndarray:
     return np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs], dtype=np.int64)
 
 
-def _goodput_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_efficiency: bool,
-                   batch_factors: Sequence[float] = (1.0,)) -> tuple[np.ndarray, np.ndarray]:
-    """Goodput and global batch of each job at 0..max_n GPUs: two (J, max_n + 1) arrays (column 0 unused).
-
-    For each count the global batch is ``factor * per_gpu_batch * n`` (capped by the job's global batch
-    cap), for the factor in ``batch_factors`` that gives the most base-equivalent samples/s.
-    ``(1.0,)`` is ONES's rule: the per-GPU batch stays as submitted.
-    """
-    params = estimates.fitted_params(jobs).select(np.s_[:, None, None])  # (J, 1, 1) fields
-    gns = estimates.noise_scales(jobs)[:, None, None]  # (J, 1, 1)
-    n = np.arange(1, max_n + 1)[None, :, None]  # (1, N, 1)
-    nodes = np.ceil(n / max(cluster.gpus_per_node))
-    factors = np.asarray(batch_factors, dtype=float)[None, None, :]  # (1, 1, F)
-    per_gpu = np.array([j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
-    cap = np.array([j.spec.global_batch_cap for j in jobs], dtype=float)[:, None, None]
-    max_local = np.array([j.spec.max_per_gpu_batch or j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
-    batch = np.maximum(np.minimum(np.round(per_gpu * factors) * n, cap), 1.0)  # (J, N, F)
-    gp = estimates.goodput_of(params, gns, per_gpu, max_local, n, nodes, batch,
-                              use_efficiency=use_efficiency)  # (J, N, F)
-    best = np.argmax(gp, axis=2)  # (J, N)
-    good = np.take_along_axis(gp, best[:, :, None], axis=2)[:, :, 0]
-    chosen = np.take_along_axis(batch, best[:, :, None], axis=2)[:, :, 0]
-    zeros = np.zeros((len(jobs), 1))
-    return np.concatenate([zeros, good], axis=1), np.concatenate([zeros, chosen], axis=1).astype(np.int64)
-
-
 class OnesPolicy(PolicyBase):
     """Improved ONES (default): predicted-mean-JCT fitness over all jobs, goodput, vectorised search.
 
@@ -348,7 +323,7 @@ class OnesPolicy(PolicyBase):
             batches = None
             cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first)  # (J,)
         else:
-            table, batches = _goodput_table(cluster, jobs, int(caps.max()), c.use_efficiency,
+            table, batches = fixed_batch_table(cluster, jobs, int(caps.max()), c.use_efficiency,
                                             c.batch_factors)  # (J, N+1) each
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)

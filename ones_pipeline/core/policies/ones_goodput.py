@@ -5,7 +5,8 @@ batch ``core.goodput.job_batch`` gives: the goodput-optimal batch under its own 
 and measured noise scale, or, before it has measured anything, its smallest batch. The fitness must
 predict the goodput of *that* batch, at the node count the placement will give, or it optimises a
 schedule the jobs will not run. These functions compute it with the same model and the same batch
-search (``core.goodput.best_batch``), vectorised over (job, GPU count) pairs.
+search (``core.goodput.best_batch``), vectorised over (job, GPU count) pairs. ``fixed_batch_table`` is
+the older rule (``job_batch`` off): the batch a multiple of the submitted per-GPU batch.
 """
 
 from __future__ import annotations
@@ -164,3 +165,30 @@ def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule
             batch = n * micro * (accum + 1)
             out[name] = Allocation(name, alloc.gpus, batch, lr_for_batch(v.spec, batch), batch_tuned_by_job=True)
     return Schedule(out)
+
+
+def fixed_batch_table(cluster: Cluster, jobs: Sequence[JobView], max_n: int, use_efficiency: bool,
+                      batch_factors: Sequence[float] = (1.0,)) -> tuple[np.ndarray, np.ndarray]:
+    """``OnesParams.job_batch`` off: goodput and global batch of each job at 0..max_n GPUs, two
+    (J, max_n + 1) arrays (column 0 unused).
+
+    For each count the global batch is ``factor * per_gpu_batch * n`` (capped by the job's global batch
+    cap), for the factor in ``batch_factors`` that gives the most base-equivalent samples/s.
+    ``(1.0,)`` is ONES's rule: the per-GPU batch stays as submitted.
+    """
+    params = estimates.fitted_params(jobs).select(np.s_[:, None, None])  # (J, 1, 1) fields
+    gns = estimates.noise_scales(jobs)[:, None, None]  # (J, 1, 1)
+    n = np.arange(1, max_n + 1)[None, :, None]  # (1, N, 1)
+    nodes = np.ceil(n / max(cluster.gpus_per_node))
+    factors = np.asarray(batch_factors, dtype=float)[None, None, :]  # (1, 1, F)
+    per_gpu = np.array([j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
+    cap = np.array([j.spec.global_batch_cap for j in jobs], dtype=float)[:, None, None]
+    max_local = np.array([j.spec.max_per_gpu_batch or j.spec.per_gpu_batch for j in jobs], dtype=float)[:, None, None]
+    batch = np.maximum(np.minimum(np.round(per_gpu * factors) * n, cap), 1.0)  # (J, N, F)
+    gp = estimates.goodput_of(params, gns, per_gpu, max_local, n, nodes, batch,
+                              use_efficiency=use_efficiency)  # (J, N, F)
+    best = np.argmax(gp, axis=2)  # (J, N)
+    good = np.take_along_axis(gp, best[:, :, None], axis=2)[:, :, 0]
+    chosen = np.take_along_axis(batch, best[:, :, None], axis=2)[:, :, 0]
+    zeros = np.zeros((len(jobs), 1))
+    return np.concatenate([zeros, good], axis=1), np.concatenate([zeros, chosen], axis=1).astype(np.int64)
