@@ -60,7 +60,7 @@ def test_a_job_that_does_not_scale_gets_few_gpus_and_one_that_scales_gets_many()
 
 def _fitness_of_every_split(policy, cluster, jobs):
     """The fitness of every (a, b) with a + b <= GPUs for two jobs, and the context."""
-    ctx, _ = policy._context(cluster, jobs, Schedule())
+    ctx, _ = policy._context(cluster, jobs, Schedule(), 0.0)
     splits = np.array([(a, b) for a in range(cluster.num_gpus + 1) for b in range(cluster.num_gpus + 1 - a)])
     return ctx, splits, ctx.fitness(splits)
 
@@ -86,7 +86,7 @@ def test_the_search_finds_the_best_split_of_two_jobs_when_they_tune_their_batch(
 def test_job_costs_add_up_to_the_fitness_when_every_job_is_scheduled():
     rng = np.random.default_rng(4)
     cluster, jobs, current = random_scheduler_state(rng, 12, 8, 4)
-    ctx, _ = OnesPolicy(seed=0)._context(cluster, jobs, current)
+    ctx, _ = OnesPolicy(seed=0)._context(cluster, jobs, current, 0.0)
     costs = ctx.job_costs()
     pop = rng.integers(1, ctx.caps + 1, size=(16, len(jobs)))
     assert np.allclose(costs[ctx.idx[None, :], pop].sum(axis=1), ctx.fitness(pop), rtol=1e-12)
@@ -643,7 +643,7 @@ def test_placement_rescore_avoids_a_spread_placement_the_plain_search_picks(seed
     assert rescored.gpus_of("x") == (0, 1) and rescored.gpus_of("y") == (4, 5)  # nobody else restarts
     assert len(cluster.placement(rescored.gpus_of("c"))) == 1
     # It is the better schedule once valued on the GPUs each job really gets.
-    ctx, _ = OnesPolicy(seed=seed)._context(cluster, jobs, current)
+    ctx, _ = OnesPolicy(seed=seed)._context(cluster, jobs, current, 0.0)
     counts = np.array([[len(s.gpus_of(j.name)) for j in jobs] for s in (plain, rescored)])
     rate = np.stack([current_goodput(cluster, jobs, s)[0] for s in (plain, rescored)])
     fits = ctx.fitness(counts, rate)

@@ -311,8 +311,8 @@ class OnesPolicy(PolicyBase):
         return tuned_schedule(cluster, jobs, schedule, current, self.config.recipe_first)
 
     def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
-                 now_s: float = 0.0) -> tuple[_Ctx, np.ndarray]:
-        """The arrays of this decision, and the global batch of each job at each GPU count (J, N+1)."""
+                 now_s: float) -> tuple[_Ctx, np.ndarray]:
+        """The arrays of this decision at ``now_s``, and the global batch of each job at each GPU count (J, N+1)."""
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = _caps(cluster, jobs)
@@ -324,7 +324,7 @@ class OnesPolicy(PolicyBase):
             cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first)  # (J,)
         else:
             table, batches = fixed_batch_table(cluster, jobs, int(caps.max()), c.use_efficiency,
-                                            c.batch_factors)  # (J, N+1) each
+                                               c.batch_factors)  # (J, N+1) each
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
