@@ -469,10 +469,10 @@ def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
     assert np.allclose(ctx.fitness(pop), [3 * 1000.0 + 2000.0, 3 * 2000.0 + 1000.0])
     rng = np.random.default_rng(1)
     cluster, jobs, current = random_scheduler_state(rng, 12, 4, 4)
-    pol = OnesPolicy(seed=0, wait_weight=1.0)
+    pol = OnesPolicy(seed=0)  # on by default, k = 1
     pol.decide(7200.0, cluster, jobs, current).validate(cluster, {j.name: j.spec for j in jobs})
     assert pol.params()["wait_weight"] == 1.0
-    off, _ = OnesPolicy(seed=0)._context(cluster, jobs, current, 7200.0)
+    off, _ = OnesPolicy(seed=0, wait_weight=None)._context(cluster, jobs, current, 7200.0)
     assert off.wait_weights is None
     on, _ = pol._context(cluster, jobs, current, 7200.0)
     waited = np.maximum(7200.0 - np.array([j.submit_time_s + j.run_time_s for j in jobs]), 0.0)
@@ -539,11 +539,12 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
     short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
                     submit_time_s=100.0)
     current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
-    # Without the heSRPT weights (``hesrpt`` None, the default), the churn charge alone decides.
-    full = make_policy("ones", seed=0, restart_cost_fraction=0.0, hesrpt=None).decide(110.0, cluster, [long, short],
-                                                                                       current)
-    scaled = make_policy("ones", seed=0, restart_cost_fraction=0.25, hesrpt=None).decide(110.0, cluster,
-                                                                                         [long, short], current)
+    # Without the heSRPT weights (``hesrpt`` None, the default) or the wait weight (on by default: the short
+    # job's 10 s wait is large against its size), the churn charge alone decides.
+    only_churn = dict(seed=0, hesrpt=None, wait_weight=None)
+    full = make_policy("ones", restart_cost_fraction=0.0, **only_churn).decide(110.0, cluster, [long, short], current)
+    scaled = make_policy("ones", restart_cost_fraction=0.25, **only_churn).decide(110.0, cluster, [long, short],
+                                                                                  current)
     assert full.allocations["long"].gpus == (0, 1) and "short" not in full.allocations
     assert len(scaled.allocations["long"].gpus) == 1 and len(scaled.allocations["short"].gpus) == 1
     # With them (``hesrpt`` 0.3, off by default), the short job weighs more than the long one, so even the full

@@ -121,7 +121,7 @@ class OnesParams(PolicyParams):
     again on consecutive rounds, paying a restart each time. Null (the default): ``HOLD_PER_CHARGE`` x
     ``restart_cost_s`` (``hold_s``): 150 s with the simulator's 120 s charge; 12.5 s where a deployment
     charges the 10 s its restarts really cost, so the hold follows what a change costs where it runs.
-    ``wait_weight`` k (null: off): each job's completion term counts ``1 + waited / (k x left)`` times,
+    ``wait_weight`` k (default 1; null: off): each job's completion term counts ``1 + waited / (k x left)`` times,
     ``waited`` the time since its submission that it has held no GPUs (queued or paused) and ``left`` its
     predicted time left at its requested count, so that a job kept waiting long against its own size is not
     deferred again and again for jobs that would finish sooner (the tail of an overloaded trace); a job that
@@ -162,7 +162,7 @@ class OnesParams(PolicyParams):
     min_hold_s: float | None = None
     tail_chain: bool = True
     tail_chain_plain: float = 0.3
-    wait_weight: float | None = None
+    wait_weight: float | None = 1.0
 
     @property
     def hold_s(self) -> float:
