@@ -12,7 +12,10 @@ Every finished simulation is cached as JSON under ``out/policy_quality/`` (per-j
 ``code_digest`` of the code it ran on), so an interrupted run continues where it stopped; a record made by
 other code is simulated again, and ``--fresh`` ignores the cache.
 
-    python benchmarks/policy_quality.py [--workloads 1,6,ones50] [--policies pollux,sia] [--processes 2]
+    python benchmarks/policy_quality.py [--workloads 1,6,ones50,0.5:1] [--policies pollux,sia] [--processes 2]
+
+By default every workload of ``docs/results.md``: the 8 at load 1.0, the ONES trace (50 and 400 jobs),
+workloads 1-4 at the authors' loads 0.5 and 1.5, and at 1.25 (a load they did not publish).
 
 ``--ones-params JSON``: ``ones`` with these options (cached apart, under a name with the options' hash), to
 see a candidate setting's whole table, p99 and makespan included; write it with ``--out`` elsewhere than
@@ -46,6 +49,9 @@ TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
 CACHE = ROOT / "out" / "policy_quality"
 PUBLISHED = TRACES / "pollux" / "results-published" / "pollux-1.0.json"
 ORDER = ("pollux", "sia", "ones", "ones-paper", "tiresias", "optimus", "fifo")
+# docs/results.md: the load-1.0 workloads, the ONES trace, the authors' loads 0.5 and 1.5, and 1.25 (unseen).
+DEFAULT_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "ones50", "ones400",
+                     *(f"{load}:{n}" for load in ("0.5", "1.5", "1.25") for n in (1, 2, 3, 4)))
 
 
 def workloads(selected: list[str]) -> dict[str, WorkloadSpec]:
@@ -282,7 +288,8 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8,ones50,ones400")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help="comma-separated tokens (see workloads()); default: every workload of docs/results.md")
     parser.add_argument("--policies", default=",".join(p for p in ORDER if p in ALL_POLICIES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
