@@ -547,10 +547,10 @@ def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
                                                                                   current)
     assert full.allocations["long"].gpus == (0, 1) and "short" not in full.allocations
     assert len(scaled.allocations["long"].gpus) == 1 and len(scaled.allocations["short"].gpus) == 1
-    # With them (``hesrpt`` 0.3, off by default), the short job weighs more than the long one, so even the full
-    # charge lets it in.
-    weighted = make_policy("ones", seed=0, restart_cost_fraction=0.0, hesrpt=0.3).decide(110.0, cluster,
-                                                                                        [long, short], current)
+    # With the heSRPT weights (``hesrpt`` 0.3, off by default; the wait weight still off, so that they alone
+    # decide), the short job weighs more than the long one, so even the full charge lets it in.
+    weighted = make_policy("ones", seed=0, restart_cost_fraction=0.0, hesrpt=0.3, wait_weight=None).decide(
+        110.0, cluster, [long, short], current)
     assert len(weighted.allocations["long"].gpus) == 1 and len(weighted.allocations["short"].gpus) == 1
     # The charge itself: f x time left, within [floor, restart_cost_s].
     params = OnesParams(restart_cost_fraction=0.25)
