@@ -345,6 +345,25 @@ def test_job_batch_before_and_after_measuring():
     assert 4 * micro * (accum + 1) <= 4096 and micro > 8
 
 
+def test_job_batches_gives_each_allocation_what_job_batch_gives_it():
+    """The batched form (one batch search for all measured jobs) picks, allocation by allocation, exactly
+    the batch of the one-at-a-time ``job_batch``: measured and unmeasured jobs, one and several nodes."""
+    rng = np.random.default_rng(5)
+    specs, obs, gns, nodes, reps = [], [], [], [], []
+    for i in range(40):
+        n = int(rng.integers(1, 17))
+        specs.append(spec(min_global_batch=int(rng.choice([16, 32, 64]))))
+        measured = i % 3 != 0
+        obs.append(obs_of(TRUE * rng.uniform(0.5, 2.0, 7).clip(max=[9] * 6 + [5]), [(1, 1, 32), (1, 2, 32)])
+                   if measured else ())
+        gns.append(float(rng.uniform(1e2, 1e5)) if measured else None)
+        nodes.append(-(-n // 4))
+        reps.append(n)
+    batched = gp.job_batches(specs, obs, gns, nodes, reps)
+    assert batched == [gp.job_batch(*args) for args in zip(specs, obs, gns, nodes, reps, strict=True)]
+    assert len({b for b, o in zip(batched, obs, strict=True) if o}) > 5  # the jobs really differ
+
+
 def test_spec_validates_batch_bounds():
     with pytest.raises(ValueError, match="min_global_batch"):
         spec(min_global_batch=10_000)

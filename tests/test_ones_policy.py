@@ -660,3 +660,16 @@ def test_consolidate_moves_moves_a_growing_job_to_a_free_node_without_moving_ano
     assert out["a"] == (4, 5, 6, 7) and out["b"] == (2, 3)
     # Where a fresh placement is no better, the job keeps what it holds.
     assert place_counts(cluster, [("a", 3), ("b", 2)], {"a": (0, 1), "b": (4, 5)}, consolidate=True)["a"][:2] == (0, 1)
+
+
+def test_fitted_params_of_some_rows_are_those_of_all_jobs():
+    """``fitted_params(jobs, rows)`` (the ``ones`` goodput of unmeasured jobs asks only for theirs) gives the
+    rows of ``fitted_params(jobs)``: a job's own fit, its model's mean fit, the prior, value for value."""
+    from ones_pipeline.core import estimates
+
+    cluster, jobs, _ = random_scheduler_state(np.random.default_rng(11), 60, 8, 4)
+    full = estimates.fitted_params(jobs).as_array()
+    bare = np.array([i for i, j in enumerate(jobs) if not j.throughput_obs])
+    assert bare.size and bare.size < len(jobs)
+    for rows in (bare, np.arange(len(jobs))[::-3], np.array([0])):
+        assert np.array_equal(estimates.fitted_params(jobs, rows).as_array(), full[rows])

@@ -18,25 +18,33 @@ from ones_pipeline.core.progress import remaining_samples
 from ones_pipeline.core.types import JobView
 
 
-def fitted_params(jobs: Sequence[JobView]) -> tp.ThroughputParams:
+def fitted_params(jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp.ThroughputParams:
     """Throughput parameters of every job, ``(J,)`` fields: each job's own fit, else the mean fit of jobs
     of the same model, else the fit of the step times earlier jobs of its model measured
-    (``JobView.model_obs``), else the generic prior."""
-    own = [np.asarray(_fit_cached(tuple(j.throughput_obs)), dtype=float) if j.throughput_obs else None
-           for j in jobs]
+    (``JobView.model_obs``), else the generic prior. With ``rows`` (indices into ``jobs``): only those
+    jobs', ``(R,)`` fields, the same values, and only the fits they need are made (a job's own, and its
+    model's other jobs' when it has none)."""
+    idx = np.arange(len(jobs)) if rows is None else np.asarray(rows, dtype=np.int64)
+    wanted = {int(i) for i in idx}
+    need_models = {jobs[i].spec.model for i in wanted if not jobs[i].throughput_obs}
+    own: dict[int, np.ndarray] = {}
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
-    for j, p in zip(jobs, own, strict=False):
-        if p is not None:
+    for i, j in enumerate(jobs):  # in job order: the model means sum their fits in the same order
+        if j.throughput_obs and (i in wanted or j.spec.model in need_models):
+            own[i] = p = np.asarray(_fit_cached(tuple(j.throughput_obs)), dtype=float)
             by_model[j.spec.model].append(p)
-    model_mean = {model: np.mean(fits, axis=0) for model, fits in by_model.items()}  # once per model
+    model_mean = {model: np.mean(fits, axis=0) for model, fits in by_model.items()
+                  if model in need_models}  # once per model
     default = np.asarray(tp.DEFAULT_PARAMS, dtype=float)
-    out = np.empty((len(jobs), tp.N_PARAMS))
-    for i, (j, p) in enumerate(zip(jobs, own, strict=False)):
+    out = np.empty((len(idx), tp.N_PARAMS))
+    for r, i in enumerate(idx):
+        j = jobs[i]
+        p = own.get(int(i))
         if p is None:
             p = model_mean.get(j.spec.model)
         if p is None and j.model_obs:
             p = np.asarray(_fit_cached(tuple(j.model_obs)), dtype=float)
-        out[i] = default if p is None else p
+        out[r] = default if p is None else p
     return tp.ThroughputParams.from_array(out)
 
 

@@ -425,3 +425,33 @@ def job_batch(spec: JobSpec, observations: Sequence[ThroughputObs], gns: float |
         micro, accum = (int(v) for v in split_for(max(m0, lo_micro * replicas), replicas, hi_micro, m0))
     micro = min(micro, int(top // (replicas * (accum + 1))))
     return max(micro, 1), accum
+
+
+def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[ThroughputObs]],
+                gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int]) -> list[tuple[int, int]]:
+    """``job_batch`` of many allocations at once (the i-th job on ``nodes[i]`` x ``replicas[i]``), the same
+    values: the measured jobs' batch searches run as one ``best_batch`` call (a decision that starts or
+    resizes thousands of jobs would otherwise search them one after the other)."""
+    out: list[tuple[int, int] | None] = [None] * len(specs)
+    measured = [i for i in range(len(specs)) if observations[i] and gns[i] is not None]
+    if measured:
+        obs = [tuple(observations[i]) for i in measured]
+        fit_many(obs)
+        lim = np.array([batch_limits(specs[i]) for i in measured])  # (M, 4)
+        _, micro, accum = best_batch(np.stack([fitted(t) for t in obs]),
+                                     np.array([gns[i] for i in measured], dtype=float), *lim.T,
+                                     np.array([nodes[i] for i in measured], dtype=float),
+                                     np.array([replicas[i] for i in measured], dtype=float))
+        for r, i in enumerate(measured):
+            out[i] = (int(micro[r]), int(accum[r]))
+    result = []
+    for i, spec in enumerate(specs):
+        m0, top, lo_micro, hi_micro = batch_limits(spec)
+        n = int(replicas[i])
+        picked = out[i]
+        if picked is None or picked[0] < 1:  # unmeasured, or no valid candidate
+            picked = tuple(int(v) for v in split_for(max(m0, lo_micro * n), n, hi_micro, m0))
+        micro, accum = picked
+        micro = min(micro, int(top // (n * (accum + 1))))
+        result.append((max(micro, 1), accum))
+    return result

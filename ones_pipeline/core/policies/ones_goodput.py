@@ -38,7 +38,7 @@ def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarra
     ``core.estimates`` (the job's own fit, else its model's mean fit, else the prior) and the prior noise
     scale. The start batch: with ``recipe_first`` the submitted recipe (``batch_and_lr``), else, as
     ``job_batch``, max(M0, smallest micro-batch x GPUs)."""
-    params = estimates.fitted_params(jobs).select(rows)
+    params = estimates.fitted_params(jobs, rows)
     gns = estimates.noise_scales(jobs)[rows]
     lim = np.array([gp.batch_limits(j.spec) for j in jobs])[rows]  # (R, 4)
     if recipe_first:
@@ -150,6 +150,7 @@ def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule
     job that has not measured its throughput and noise scale yet runs its submitted recipe, untuned."""
     by_name = {j.name: j for j in jobs}
     out: dict[str, Allocation] = {}
+    fresh: list[tuple[str, Allocation]] = []  # allocations on new GPUs whose batch the job tunes
     for name, alloc in schedule.allocations.items():
         v = by_name[name]
         tune = not recipe_first or _measured(v)
@@ -159,11 +160,15 @@ def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule
         elif not tune:
             out[name] = Allocation.for_spec(v.spec, alloc.gpus)
         else:
-            n = alloc.num_gpus
-            micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale,
-                                        len(cluster.placement(alloc.gpus)), n)
-            batch = n * micro * (accum + 1)
-            out[name] = Allocation(name, alloc.gpus, batch, lr_for_batch(v.spec, batch), batch_tuned_by_job=True)
+            fresh.append((name, alloc))
+            out[name] = alloc  # its place in the order; replaced below
+    views = [by_name[name] for name, _ in fresh]
+    picked = gp.job_batches([v.spec for v in views], [tuple(v.throughput_obs) for v in views],
+                            [v.grad_noise_scale for v in views],
+                            [len(cluster.placement(a.gpus)) for _, a in fresh], [a.num_gpus for _, a in fresh])
+    for (name, alloc), v, (micro, accum) in zip(fresh, views, picked, strict=True):
+        batch = alloc.num_gpus * micro * (accum + 1)
+        out[name] = Allocation(name, alloc.gpus, batch, lr_for_batch(v.spec, batch), batch_tuned_by_job=True)
     return Schedule(out)
 
 
