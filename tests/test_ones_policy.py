@@ -673,3 +673,31 @@ def test_fitted_params_of_some_rows_are_those_of_all_jobs():
     assert bare.size and bare.size < len(jobs)
     for rows in (bare, np.arange(len(jobs))[::-3], np.array([0])):
         assert np.array_equal(estimates.fitted_params(jobs, rows).as_array(), full[rows])
+
+
+def test_memoised_goodput_rows_and_current_goodput_read_from_the_table_are_the_values_computed_afresh():
+    """``tuned_table`` memoises measured jobs' rows and ``current_goodput`` reads consolidated placements
+    from the table: both give exactly what computing every value again gives, and a job whose noise scale
+    moved gets a new row, not the memoised one."""
+    from dataclasses import replace
+
+    from ones_pipeline.core import estimates
+    from ones_pipeline.core.policies import ones_goodput as og
+
+    cluster, jobs, current = random_scheduler_state(np.random.default_rng(12), 60, 8, 4)
+    caps = np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs])
+    estimates.forget_fits()
+    fresh = og.tuned_table(cluster, jobs, caps)
+    assert og._ROWS  # measured jobs' rows were kept
+    again = og.tuned_table(cluster, jobs, caps)
+    assert np.array_equal(again, fresh)
+    assert np.array_equal(og.current_goodput(cluster, jobs, current, table=fresh)[0],
+                          og.current_goodput(cluster, jobs, current)[0])
+    i = next(i for i, j in enumerate(jobs) if j.throughput_obs and j.grad_noise_scale is not None)
+    moved = list(jobs)
+    moved[i] = replace(jobs[i], grad_noise_scale=jobs[i].grad_noise_scale * 50)
+    table = og.tuned_table(cluster, moved, caps)
+    assert not np.array_equal(table[i], fresh[i])
+    estimates.forget_fits()
+    assert not og._ROWS
+    assert np.array_equal(og.tuned_table(cluster, moved, caps), table)

@@ -321,7 +321,7 @@ class OnesPolicy(PolicyBase):
             caps = scale_limits(jobs, caps, c.max_scale_out, c.unmeasured_gpus)
             table = tuned_table(cluster, jobs, caps, c.use_efficiency, c.recipe_first)  # (J, N+1)
             batches = None
-            cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first)  # (J,)
+            cur_rate, _ = current_goodput(cluster, jobs, current, c.use_efficiency, c.recipe_first, table)  # (J,)
         else:
             table, batches = fixed_batch_table(cluster, jobs, int(caps.max()), c.use_efficiency,
                                                c.batch_factors)  # (J, N+1) each
@@ -345,6 +345,9 @@ class OnesPolicy(PolicyBase):
         """Evolve the population for this round's generations (or until the time budget); keep it for the
         next round and return it, (P, J) GPU counts sorted fittest first, and its fitness (P,)."""
         c = self.config
+        # Jobs younger than ``immune_epochs`` are never removed (none when it is 0: epochs are >= 0).
+        ctx.immune = (np.array([j.epochs_done < c.immune_epochs for j in jobs], dtype=bool) if c.immune_epochs > 0
+                      else np.zeros(len(jobs), dtype=bool))
         pop = self._initial_population(jobs, ctx)  # (P, J), feasible
         fit = ctx.fitness(pop)
         deadline = time.perf_counter() + c.time_budget_s if c.time_budget_s else None
@@ -443,8 +446,7 @@ class OnesPolicy(PolicyBase):
         rng = self._rng
         c = self.config
         out = pop.copy()
-        immune = np.array([j.epochs_done < c.immune_epochs for j in jobs])
-        remove = (rng.random(out.shape) < c.removal_p / max(1, out.shape[1]) * 4) & ~immune[None, :]
+        remove = (rng.random(out.shape) < c.removal_p / max(1, out.shape[1]) * 4) & ~ctx.immune[None, :]
         out[remove] = 0
         resize = rng.random(out.shape) < c.resize_p / max(1, out.shape[1]) * 4
         # Four resize moves: double, halve, +1, -1 (coarse jumps and fine steps).

@@ -34,6 +34,8 @@ class OnesContext:
         self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
         # (J,) jobs that keep the count they hold in every repaired individual (``OnesParams.min_hold_s``).
         self.lock: np.ndarray | None = None
+        # (J,) jobs the search never removes (``OnesParams.immune_epochs``); set by the search.
+        self.immune = np.zeros(len(caps), dtype=bool)
         self.change_cost, self.submit = change_cost, submit
         J = len(caps)
         self.idx = np.arange(J)

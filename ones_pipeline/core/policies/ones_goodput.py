@@ -85,24 +85,74 @@ def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, 
 def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
                 use_efficiency: bool = True, recipe_first: bool = False) -> np.ndarray:
     """(J, N + 1) goodput of each job on n = 0..N GPUs placed on as few nodes as possible (N = max of
-    ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself."""
+    ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself.
+
+    A measured job's row depends only on its observations, noise scale, batch limits, cap and the node
+    size, so it is memoised on those (``_ROWS``): a decision recomputes only the rows of jobs whose
+    statistics moved since the last (the rows of queued jobs, about half, rarely do)."""
     J, N = len(jobs), int(caps.max())
     table = np.zeros((J, N + 1))
-    rows = np.repeat(np.arange(J), caps)
-    reps = np.concatenate([np.arange(1, c + 1) for c in caps]) if J else np.zeros(0, dtype=np.int64)
-    table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps, use_efficiency, recipe_first)
+    gpn = max(cluster.gpus_per_node)
+    keys: list[tuple | None] = [None] * J
+    todo = np.ones(J, dtype=bool)
+    for i, j in enumerate(jobs):
+        if _measured(j):
+            keys[i] = key = (tuple(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
+                             int(caps[i]), gpn, use_efficiency)
+            row = _ROWS.get(key)
+            if row is not None:
+                table[i, :row.size] = row
+                todo[i] = False
+    pending = np.flatnonzero(todo)
+    if pending.size:
+        sub = caps[pending]
+        rows = np.repeat(pending, sub)
+        reps = np.concatenate([np.arange(1, c + 1) for c in sub])
+        table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps, use_efficiency,
+                                          recipe_first)
+        if len(_ROWS) + pending.size > _MAX_ROWS:  # forget the oldest half
+            for key in list(_ROWS)[: len(_ROWS) // 2 + pending.size]:
+                del _ROWS[key]
+        for i in pending:
+            if keys[i] is not None:
+                row = table[i, :caps[i] + 1].copy()
+                row.setflags(write=False)
+                _ROWS[keys[i]] = row
     return table
 
 
+_ROWS: dict[tuple, np.ndarray] = {}  # ``tuned_table``'s memo of measured jobs' rows
+_MAX_ROWS = 65536
+
+
+def forget_rows() -> None:
+    """Drop ``tuned_table``'s memoised rows (with the fits: ``estimates.forget_fits``)."""
+    _ROWS.clear()
+
+
+estimates.on_forget(forget_rows)
+
+
 def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
-                    use_efficiency: bool = True, recipe_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                    use_efficiency: bool = True, recipe_first: bool = False,
+                    table: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(goodput, nodes)`` of each job on the GPUs it holds now, both (J,) (0 for queued jobs): a job
-    whose count is unchanged keeps its GPUs, so its goodput is that of its real (maybe split) placement."""
+    whose count is unchanged keeps its GPUs, so its goodput is that of its real (maybe split) placement.
+    ``table`` (``tuned_table``'s, same options): read there where a job's placement is the consolidated one
+    the table assumes (the same value), computed only for the others."""
     held = [current.gpus_of(j.name) for j in jobs]
     nodes = np.array([len(set(int(cluster.node_of[g]) for g in h)) for h in held], dtype=np.int64)
     reps = np.array([len(h) for h in held], dtype=np.int64)
-    rows = np.flatnonzero(reps > 0)
     out = np.zeros(len(jobs))
+    if table is not None:
+        width = table.shape[1]
+        inside = (reps > 0) & (reps < width)
+        fits = inside & (nodes == node_counts(cluster, width - 1)[np.minimum(reps, width - 1)])
+        fits &= np.where(inside, table[np.arange(len(jobs)), np.minimum(reps, width - 1)], 0.0) > 0
+        out[fits] = table[np.flatnonzero(fits), reps[fits]]
+        rows = np.flatnonzero((reps > 0) & ~fits)
+    else:
+        rows = np.flatnonzero(reps > 0)
     if rows.size:
         out[rows] = tuned_goodput(jobs, rows, nodes[rows], reps[rows], use_efficiency, recipe_first)
     return out, nodes
