@@ -701,3 +701,22 @@ def test_memoised_goodput_rows_and_current_goodput_read_from_the_table_are_the_v
     estimates.forget_fits()
     assert not og._ROWS
     assert np.array_equal(og.tuned_table(cluster, moved, caps), table)
+
+
+def test_the_goodput_row_memo_stays_within_its_cell_budget(monkeypatch):
+    from ones_pipeline.core import estimates
+    from ones_pipeline.core.policies import ones_goodput as og
+
+    cluster, jobs, _ = random_scheduler_state(np.random.default_rng(13), 60, 8, 4)
+    caps = np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs])
+    estimates.forget_fits()
+    expected = og.tuned_table(cluster, jobs, caps)
+    full = sum(r.size for r in og._ROWS.values())
+    estimates.forget_fits()
+    monkeypatch.setattr(og, "_MAX_ROW_CELLS", full)  # room for half of them at a time
+    for rotate in range(4):  # the same jobs in other orders: rows are dropped and made again
+        order = np.roll(np.arange(len(jobs)), 17 * rotate)
+        table = og.tuned_table(cluster, [jobs[i] for i in order], caps[order])
+        assert np.array_equal(table, expected[order])
+        assert og._row_cells == sum(r.size for r in og._ROWS.values()) <= full
+    estimates.forget_fits()

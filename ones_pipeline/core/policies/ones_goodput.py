@@ -110,24 +110,32 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
         reps = np.concatenate([np.arange(1, c + 1) for c in sub])
         table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps, use_efficiency,
                                           recipe_first)
-        if len(_ROWS) + pending.size > _MAX_ROWS:  # forget the oldest half
-            for key in list(_ROWS)[: len(_ROWS) // 2 + pending.size]:
-                del _ROWS[key]
+        global _row_cells
+        adding = int(sum(caps[i] + 1 for i in pending if keys[i] is not None))
+        if _row_cells + adding > _MAX_ROW_CELLS:  # forget the oldest rows until half the room is free
+            for key in list(_ROWS):
+                if _row_cells + adding <= _MAX_ROW_CELLS // 2:
+                    break
+                _row_cells -= _ROWS.pop(key).size
         for i in pending:
-            if keys[i] is not None:
+            if keys[i] is not None and adding <= _MAX_ROW_CELLS // 2:
                 row = table[i, :caps[i] + 1].copy()
                 row.setflags(write=False)
+                _row_cells += row.size - (old.size if (old := _ROWS.get(keys[i])) is not None else 0)
                 _ROWS[keys[i]] = row
     return table
 
 
 _ROWS: dict[tuple, np.ndarray] = {}  # ``tuned_table``'s memo of measured jobs' rows
-_MAX_ROWS = 65536
+_MAX_ROW_CELLS = 1 << 22  # values kept at most (32 MiB)
+_row_cells = 0
 
 
 def forget_rows() -> None:
     """Drop ``tuned_table``'s memoised rows (with the fits: ``estimates.forget_fits``)."""
+    global _row_cells
     _ROWS.clear()
+    _row_cells = 0
 
 
 estimates.on_forget(forget_rows)
