@@ -717,6 +717,9 @@ def test_the_goodput_row_memo_stays_within_its_cell_budget(monkeypatch):
     for rotate in range(4):  # the same jobs in other orders: rows are dropped and made again
         order = np.roll(np.arange(len(jobs)), 17 * rotate)
         table = og.tuned_table(cluster, [jobs[i] for i in order], caps[order])
-        assert np.array_equal(table, expected[order])
+        measured = np.array([og._measured(jobs[i]) for i in order])
+        assert np.array_equal(table[measured], expected[order][measured])  # memoised or made again
+        # (an unmeasured job's row uses its model's mean fit, summed in job order: equal to rounding)
+        assert np.allclose(table[~measured], expected[order][~measured], rtol=1e-12, atol=0)
         assert og._row_cells == sum(r.size for r in og._ROWS.values()) <= full
     estimates.forget_fits()
