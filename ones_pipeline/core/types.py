@@ -8,6 +8,7 @@ converts between slots and (node, local index).
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -195,10 +196,13 @@ class Cluster:
     def num_nodes(self) -> int:
         return len(self.gpus_per_node)
 
-    @property
+    @functools.cached_property
     def node_of(self) -> np.ndarray:
-        """(num_gpus,) int: node index of every slot."""
-        return np.repeat(np.arange(self.num_nodes), self.gpus_per_node)
+        """(num_gpus,) int, read-only: node index of every slot (built once per cluster: policies look
+        slots up GPU by GPU)."""
+        out = np.repeat(np.arange(self.num_nodes), self.gpus_per_node)
+        out.setflags(write=False)
+        return out
 
     def placement(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """GPUs per node of an allocation, largest first (e.g. ``(4, 2)``)."""
