@@ -78,3 +78,23 @@ def test_efficiency_is_one_at_base_and_falls_with_batch():
     assert e[0] == 1.0
     assert np.all(np.diff(e) < 0)
     assert efficiency(1e12, 32, 4096) > 0.99  # huge noise: large batches are free
+
+
+def test_the_batched_fit_gives_each_job_its_own_fit_exactly():
+    """``fit_params_many`` (stacked least squares, used for the first decision's thousands of fits) equals
+    ``fit_params`` job by job, bit for bit: 1 to 12 observations, with and without sync times, some whose
+    unconstrained solution is negative (the active set shrinks), and no observation at all (the prior)."""
+    rng = np.random.default_rng(3)
+    sets = [()]
+    for _ in range(600):
+        obs = []
+        for _ in range(int(rng.integers(1, 13))):
+            n = int(rng.choice([1, 2, 4, 8, 16]))
+            step = float(rng.uniform(0.01, 2.0))
+            sync = float(rng.choice([0.0, rng.uniform(0.0, step / 2)]))
+            nodes = max(1, n // int(rng.choice([4, 8])))
+            obs.append(ThroughputObs(n, nodes, int(rng.choice([8, 32, 128])), step, sync))
+        sets.append(tuple(obs))
+    one_by_one = np.array([tp.fit_params(s).as_array() for s in sets])
+    assert np.array_equal(tp.fit_params_many(sets), one_by_one)
+    assert (one_by_one[:, 2:] == 0).any()  # the non-negativity bound was active somewhere

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from functools import lru_cache
 
 import numpy as np
 
@@ -27,6 +26,9 @@ def fitted_params(jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp
     idx = np.arange(len(jobs)) if rows is None else np.asarray(rows, dtype=np.int64)
     wanted = {int(i) for i in idx}
     need_models = {jobs[i].spec.model for i in wanted if not jobs[i].throughput_obs}
+    _fit_all([tuple(j.throughput_obs) for i, j in enumerate(jobs)
+              if j.throughput_obs and (i in wanted or j.spec.model in need_models)]
+             + [tuple(jobs[i].model_obs) for i in wanted if not jobs[i].throughput_obs and jobs[i].model_obs])
     own: dict[int, np.ndarray] = {}
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
     for i, j in enumerate(jobs):  # in job order: the model means sum their fits in the same order
@@ -48,18 +50,37 @@ def fitted_params(jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp
     return tp.ThroughputParams.from_array(out)
 
 
-@lru_cache(maxsize=16384)
 def _fit_cached(observations: tuple) -> tp.ThroughputParams:
     """A job's observations change only when it runs somewhere new: refit only then (the result is an
     immutable tuple of numbers, safe to share)."""
-    return tp.fit_params(observations)
+    p = _LINEAR_FITS.get(observations)
+    if p is None:
+        _fit_all([observations])
+        p = _LINEAR_FITS[observations]
+    return p
+
+
+_LINEAR_FITS: dict[tuple, tp.ThroughputParams] = {}  # ``tp.fit_params`` memoised on the observations
+_MAX_LINEAR_FITS = 16384
+
+
+def _fit_all(observation_sets) -> None:
+    """Fit, in one batch (``tp.fit_params_many``: the same values), every observation tuple not memoised yet."""
+    todo = list(dict.fromkeys(t for t in observation_sets if t not in _LINEAR_FITS))
+    if not todo:
+        return
+    if len(_LINEAR_FITS) + len(todo) > _MAX_LINEAR_FITS:  # forget the oldest half
+        for key in list(_LINEAR_FITS)[: len(_LINEAR_FITS) // 2 + len(todo)]:
+            del _LINEAR_FITS[key]
+    for key, row in zip(todo, tp.fit_params_many(todo), strict=True):
+        _LINEAR_FITS[key] = tp.ThroughputParams(*(float(v) for v in row))
 
 
 def forget_fits() -> None:
     """Drop the memoised step-time fits (this module's and ``goodput``'s) and the memos registered with
     ``on_forget``, so the next decision fits every job from scratch, as the first decision of a fresh
     process does."""
-    _fit_cached.cache_clear()
+    _LINEAR_FITS.clear()
     goodput.forget_fits()
     for forget in _FORGET_HOOKS:
         forget()

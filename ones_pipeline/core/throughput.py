@@ -150,6 +150,79 @@ def fit_params(observations: Sequence[ThroughputObs], prior: ThroughputParams | 
     return ThroughputParams.from_array(params)
 
 
+def fit_params_many(observation_sets: Sequence[Sequence[ThroughputObs]], ridge: float = 0.05) -> np.ndarray:
+    """(B, 6) ``fit_params`` (with its default prior) of each of B observation sets, the same values: jobs
+    with the same number of observations are fitted together, their least-squares systems stacked (a first
+    decision fits thousands of jobs; one at a time, numpy's per-call cost dominates)."""
+    out = np.empty((len(observation_sets), N_PARAMS))
+    by_len: dict[int, list[int]] = {}
+    for i, obs in enumerate(observation_sets):
+        by_len.setdefault(len(obs), []).append(i)
+    for length, members in by_len.items():
+        idx = np.array(members)
+        if length == 0:
+            out[idx] = DEFAULT_PARAMS
+            continue
+        a = np.array([[(o.num_gpus, o.num_nodes, o.per_gpu_batch, o.step_time_s, o.sync_time_s)
+                       for o in observation_sets[i]] for i in members], dtype=float)  # (B, L, 5)
+        n, k, b, step, sync = np.moveaxis(a, -1, 0)  # (B, L) each
+        # ``prior_params``, row by row.
+        per_sample = np.maximum(np.median(np.maximum(step - sync, MIN_STEP_S) / b, axis=1), 1e-9)
+        mid = np.median(b, axis=1)
+        c0, c1 = 0.1 * per_sample * mid, 0.9 * per_sample
+        params = np.concatenate([c0[:, None], c1[:, None], _SYNC_PRIOR_FRACTIONS[None, :] * (c0 + c1 * mid)[:, None]],
+                                axis=1)  # (B, 6)
+        f = features(n, k, b)  # (B, L, 6)
+        has_sync = sync > 0
+        target_c = np.where(has_sync, step - sync, step - (f[:, :, 2:] @ params[:, 2:, None])[:, :, 0])
+        params[:, :2] = _ridge_nonneg_many(f[:, :, :2], target_c, params[:, :2], ridge)
+        target_s = np.where(has_sync, sync, step - (f[:, :, :2] @ params[:, :2, None])[:, :, 0])
+        informative = n > 1
+        patterns, which = np.unique(informative, axis=0, return_inverse=True)
+        for g, pattern in enumerate(patterns):  # jobs whose multi-GPU observations sit at the same places
+            if pattern.any():
+                rows = np.flatnonzero(which.ravel() == g)
+                params[rows, 2:] = _ridge_nonneg_many(f[rows][:, pattern, 2:], target_s[rows][:, pattern],
+                                                      params[rows, 2:], ridge)
+        out[idx] = params
+    return out
+
+
+def _ridge_nonneg_many(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
+    """``_ridge_nonneg`` of each row: ``x`` (B, L, K), ``y`` (B, L), ``prior`` (B, K) -> (B, K). The rows
+    that share an active set are solved together, round after round."""
+    B, _, K = x.shape
+    scale = np.maximum(np.abs(y), MIN_STEP_S)
+    xw = x / scale[:, :, None]
+    yw = y / scale
+    data_scale = np.median(scale, axis=1)[:, None] / np.maximum(np.mean(np.abs(x), axis=1), 1e-12)
+    p_scale = np.maximum(np.maximum(np.abs(prior), data_scale), 1e-9)
+    out = np.zeros((B, K))
+    active = np.ones((B, K), dtype=bool)
+    todo = np.arange(B)
+    for _ in range(K):
+        if not todo.size:
+            break
+        again = []
+        masks, which = np.unique(active[todo], axis=0, return_inverse=True)
+        for g, mask in enumerate(masks):
+            rows = todo[which.ravel() == g]
+            cols = np.flatnonzero(mask)
+            ps = p_scale[rows][:, cols]  # (R, A)
+            xa = xw[rows][:, :, cols] * ps[:, None, :]  # (R, L, A)
+            xt = xa.transpose(0, 2, 1)
+            lhs = xt @ xa + ridge * np.eye(cols.size)
+            rhs = (xt @ yw[rows][:, :, None])[:, :, 0] + ridge * (prior[rows][:, cols] / ps)
+            p = np.zeros((rows.size, K))
+            p[:, cols] = np.linalg.solve(lhs, rhs[:, :, None])[:, :, 0] * ps
+            out[rows] = p
+            negative = ~(p >= 0).all(axis=1)
+            active[rows] &= np.where(negative[:, None], p > 0, True)
+            again.append(rows[negative & active[rows].any(axis=1)])
+        todo = np.concatenate(again)
+    return np.maximum(out, 0.0)
+
+
 def _ridge_nonneg(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
     """argmin sum(((x@p - y)/y)^2) + ridge * sum(((p - prior)/p_scale)^2), p >= 0 (active set)."""
     scale = np.maximum(np.abs(y), MIN_STEP_S)
