@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -103,13 +104,35 @@ def _config() -> SimConfig:
     return SimConfig(interval_s=60.0, restart_cost_s=30.0)
 
 
+def host() -> str:
+    """The CPU model, numpy version and the widest SIMD extension numpy finds here, recorded with every
+    simulation: a result can depend on them (floating point differs with numpy's code paths, and a small
+    difference changes a decision somewhere and the rest of the run with it: the same code gave
+    workload-1 / ``ones`` 1954 s on an earlier machine and 1903 s on an AMD EPYC with AVX2, numpy 2.4.6)."""
+    model = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
+                  if line.startswith("model name")), platform.processor() or platform.machine())
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+        simd = "AVX512F" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else "no AVX2"
+    except ImportError:  # another numpy layout: name no extension rather than guess
+        simd = "SIMD unknown"
+    return f"{model}, numpy {np.__version__}, {simd}"
+
+
+def _read_lines(path: str) -> list[str]:
+    try:
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
 def _job(args):
     label, spec, policy, seed, params = args
     t0 = time.perf_counter()
     result = run_one(spec, policy, Cluster.uniform(16, 4), _config(), seed, params)
     wall = time.perf_counter() - t0
     record = {"summary": summarise(result), "wall_s": wall, "jct_s": [j.jct_s for j in result.jobs],
-              "restarts_per_job": float(np.mean([j.restarts for j in result.jobs]))}
+              "restarts_per_job": float(np.mean([j.restarts for j in result.jobs])), "host": host()}
     return label, policy, record
 
 
@@ -256,7 +279,7 @@ def _load_table(policies: list[str], records: dict[str, dict[str, dict]],
 
 
 def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], rows_restart: list[str],
-              slowest: tuple[float, str, str], labels: list[str]) -> str:
+              slowest: tuple[float, str, str], labels: list[str], hosts: list[str] | None = None) -> str:
     doc = [
         "# Policy quality: mean job completion time",
         "",
@@ -278,6 +301,12 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
         "",
         f"Slowest single simulation: {slowest[1]} under {slowest[2]}, {slowest[0]:.0f} s wall on this machine.",
         "",
+        *(["Simulated on: " + "; ".join(hosts) + ". The figures depend on the machine as well as the code: "
+           "numpy's floating point can differ with its version and the CPU's SIMD extensions, and a simulation "
+           "is chaotic (one different rounding changes a decision and the rest of the run). The same code gave "
+           "`ones` per-workload figures up to 2.6 % apart on two machines, and a load-1.0 mean 0.4 % apart: "
+           "compare policies simulated on one machine, and over seeds.", ""]
+          if hosts else []),
         "## JCT CDFs",
         "",
         *[f"![{label}](plots/jct_cdf-{label}.png)" for label in labels if "@" not in label],
@@ -332,7 +361,8 @@ def main() -> None:
         word = "better" if ratio < 1 else "worse"
         ones_vs = (f"Against the published Pollux, `ones` is {abs(1 - ratio) * 100:.1f} % {word} on average over the "
                    f"load-1.0 workloads ({ratio:.3f}x).")
-    args.out.write_text(_document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs)))
+    hosts = sorted({records[label][p].get("host", "not recorded") for label in specs for p in policies})
+    args.out.write_text(_document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts))
     print(f"wrote {args.out} and {plots}/")
 
 
