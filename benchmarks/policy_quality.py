@@ -361,7 +361,8 @@ def main() -> None:
         word = "better" if ratio < 1 else "worse"
         ones_vs = (f"Against the published Pollux, `ones` is {abs(1 - ratio) * 100:.1f} % {word} on average over the "
                    f"load-1.0 workloads ({ratio:.3f}x).")
-    hosts = sorted({records[label][p].get("host", "not recorded") for label in specs for p in policies})
+    unknown = "not recorded (records made before this was noted)"
+    hosts = sorted({records[label][p].get("host", unknown) for label in specs for p in policies})
     args.out.write_text(_document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts))
     print(f"wrote {args.out} and {plots}/")
 
