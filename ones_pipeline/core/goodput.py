@@ -415,23 +415,34 @@ def job_batch(spec: JobSpec, observations: Sequence[ThroughputObs], gns: float |
     GPUs, as AdaptDL's trainer does: the goodput-optimal batch under its own fitted model and measured
     noise scale; before it has measured anything, max(M0, smallest micro-batch x GPUs). The micro-batch is
     then capped so the total stays within the largest batch."""
-    m0, top, lo_micro, hi_micro = batch_limits(spec)
+    limits = batch_limits(spec)
+    picked = None
     if observations and gns is not None:
+        m0, top, lo_micro, hi_micro = limits
         _, micro, accum = best_batch(fitted(tuple(observations)), gns, m0, top, lo_micro, hi_micro, nodes, replicas)
-        micro, accum = int(micro), int(accum)
-    else:
-        micro, accum = (int(v) for v in split_for(max(m0, lo_micro * replicas), replicas, hi_micro, m0))
-    if micro < 1:  # no valid candidate (the largest batch is below one micro-batch per GPU)
-        micro, accum = (int(v) for v in split_for(max(m0, lo_micro * replicas), replicas, hi_micro, m0))
-    micro = min(micro, int(top // (replicas * (accum + 1))))
+        picked = int(micro), int(accum)
+    return _settled(limits, picked, replicas)
+
+
+def _settled(limits: tuple[float, float, float, float], picked: tuple[int, int] | None,
+             replicas: int) -> tuple[int, int]:
+    """``job_batch``'s last step: the searched ``picked`` (micro-batch, accumulation steps), or, unmeasured
+    (None) or with no valid candidate, the smallest batch; the micro-batch capped so the total stays
+    within the largest batch."""
+    m0, top, lo_micro, hi_micro = limits
+    n = int(replicas)
+    if picked is None or picked[0] < 1:
+        picked = tuple(int(v) for v in split_for(max(m0, lo_micro * n), n, hi_micro, m0))
+    micro, accum = picked
+    micro = min(micro, int(top // (n * (accum + 1))))
     return max(micro, 1), accum
 
 
 def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[ThroughputObs]],
                 gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int]) -> list[tuple[int, int]]:
     """``job_batch`` of many allocations at once (the i-th job on ``nodes[i]`` x ``replicas[i]``), the same
-    values: the measured jobs' batch searches run as one ``best_batch`` call (a decision that starts or
-    resizes thousands of jobs would otherwise search them one after the other)."""
+    values: the measured jobs' batch searches run as one ``best_batch`` call (a decision that starts or resizes
+    thousands of jobs would otherwise search them one after the other)."""
     out: list[tuple[int, int] | None] = [None] * len(specs)
     measured = [i for i in range(len(specs)) if observations[i] and gns[i] is not None]
     if measured:
@@ -444,14 +455,4 @@ def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[Throug
                                      np.array([replicas[i] for i in measured], dtype=float))
         for r, i in enumerate(measured):
             out[i] = (int(micro[r]), int(accum[r]))
-    result = []
-    for i, spec in enumerate(specs):
-        m0, top, lo_micro, hi_micro = batch_limits(spec)
-        n = int(replicas[i])
-        picked = out[i]
-        if picked is None or picked[0] < 1:  # unmeasured, or no valid candidate
-            picked = tuple(int(v) for v in split_for(max(m0, lo_micro * n), n, hi_micro, m0))
-        micro, accum = picked
-        micro = min(micro, int(top // (n * (accum + 1))))
-        result.append((max(micro, 1), accum))
-    return result
+    return [_settled(batch_limits(spec), out[i], replicas[i]) for i, spec in enumerate(specs)]

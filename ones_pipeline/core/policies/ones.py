@@ -431,7 +431,7 @@ class OnesPolicy(PolicyBase):
         # Fill the rest with mutated copies of the seeds.
         if rows < P:
             src = pop[self._rng.integers(0, rows, size=P - rows)]
-            pop[rows:] = self._mutate(src, ctx, jobs)
+            pop[rows:] = self._mutate(src, ctx)
         return np.where(as_built[:, None], pop, ctx.repair(pop, self._rng))
 
     def _breed(self, pop: np.ndarray, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
@@ -440,9 +440,9 @@ class OnesPolicy(PolicyBase):
         a = pop[rng.integers(0, P, size=P)]
         b = pop[rng.integers(0, P, size=P)]
         mask = rng.random((P, J)) < self.config.crossover_p
-        return self._mutate(np.where(mask, a, b), ctx, jobs)
+        return self._mutate(np.where(mask, a, b), ctx)
 
-    def _mutate(self, pop: np.ndarray, ctx: _Ctx, jobs: Sequence[JobView]) -> np.ndarray:
+    def _mutate(self, pop: np.ndarray, ctx: _Ctx) -> np.ndarray:
         rng = self._rng
         c = self.config
         out = pop.copy()
