@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -174,3 +175,23 @@ def test_cross_validation_beats_the_naive_baseline(history):
     cv = F.cross_validate(history)
     assert cv["model_mae_fraction"] < cv["baseline_mae_fraction"]
     assert cv["model_mae_remaining_samples"] < cv["baseline_mae_remaining_samples"]
+
+
+def test_fraction_is_the_last_feature_row_of_the_whole_history_bit_for_bit(history):
+    """``fraction`` computes only the last feature row (it runs for every job at every decision); it must
+    give exactly what the full ``history_features`` row gives, at every prefix, with and without losses."""
+    model = P.default_predictor()
+    checked = 0
+    for job in history:
+        for k in range(len(job.samples)):
+            v = _history_view(job, k)
+            for view in (v, dataclasses.replace(v, loss_history=())):
+                rule = view.spec.stopping
+                s = np.array([a for a, _ in view.accuracy_history])
+                losses = np.array([b for _, b in view.loss_history]) if view.loss_history else None
+                x = P.history_features(s / view.spec.dataset_size, [b for _, b in view.accuracy_history],
+                                       losses, view.initial_loss, rule.target_accuracy, rule.patience,
+                                       rule.min_delta)[-1]
+                assert model.fraction(view) == float(model.fraction_from_features(x))
+                checked += 1
+    assert checked > 1000

@@ -115,6 +115,7 @@ class _Eval:
     accs: np.ndarray
     losses: np.ndarray | None
     counter: int  # convergence counter after the last evaluation
+    best: float  # best accuracy after the last evaluation (``convergence_counters``)
 
 
 def _rule(view: JobView) -> tuple[float, int, float]:
@@ -161,28 +162,45 @@ class ProgressModel:
         losses = None
         if len(view.loss_history) == len(hist):
             losses = np.array([v for _, v in view.loss_history], dtype=float)
-        counters, _ = convergence_counters(accs, target, min_delta)
-        return _Eval(samples, accs, losses, int(counters[-1]))
+        counters, bests = convergence_counters(accs, target, min_delta)
+        return _Eval(samples, accs, losses, int(counters[-1]), float(bests[-1]))
+
+    def _fraction(self, view: JobView, ev: _Eval) -> float:
+        """``fraction`` from the evaluations ``ev`` (at least one, at positive samples): the last row of
+        ``history_features`` computed alone, element by element as that function computes it."""
+        target, patience, _ = _rule(view)
+        n = len(ev.accs)
+        x = np.empty(N_FEATURES)
+        x[0] = 1.0
+        x[1] = np.log(np.maximum(ev.samples[-1:] / view.spec.dataset_size, 1e-3))[0]
+        x[2] = min(ev.counter, patience) / patience
+        x[3] = min(max(ev.best / target, 0.0), 1.5)
+        loss0 = view.initial_loss
+        if ev.losses is not None and loss0 is not None and loss0 > 0:
+            x[4] = np.clip(np.log(np.maximum(ev.losses[-1:], 1e-12) / loss0), -6.0, 1.0)[0]
+        else:
+            x[4] = 0.0
+        prev = ev.accs[n - 1 - _RECENT] if n > _RECENT else ev.accs[0]
+        x[5] = min(max((ev.accs[-1] - prev) / target, -0.5), 1.0)
+        return float(self.fraction_from_features(x))
 
     def fraction(self, view: JobView) -> float | None:
         """Predicted fraction of training done at the job's last evaluation (None before the first)."""
         ev = self._evaluations(view)
         if ev is None or ev.samples[-1] <= 0:
             return None
-        target, patience, min_delta = _rule(view)
-        x = history_features(ev.samples / view.spec.dataset_size, ev.accs, ev.losses, view.initial_loss,
-                             target, patience, min_delta)[-1]
-        return float(self.fraction_from_features(x))
+        return self._fraction(view, ev)
 
-    def total_raw_samples(self, view: JobView) -> float:
-        """Predicted raw samples processed when the job stops."""
+    def total_raw_samples(self, view: JobView, ev: _Eval | None | bool = True) -> float:
+        """Predicted raw samples processed when the job stops (``ev``: its evaluations when the caller
+        has them, else read from the view)."""
         target, patience, _ = _rule(view)
         size = float(view.spec.dataset_size)
-        ev = self._evaluations(view)
+        if ev is True:
+            ev = self._evaluations(view)
         if ev is None or ev.samples[-1] <= 0:
             return max(self.prior_epochs_per_patience * patience * size, patience * size, view.samples_done)
-        f = self.fraction(view)
-        return float(ev.samples[-1] / f)
+        return float(ev.samples[-1] / self._fraction(view, ev))
 
     def remaining(self, view: JobView) -> float:
         """Base-equivalent samples the job still needs (> 0)."""
@@ -196,7 +214,7 @@ class ProgressModel:
             s_eval, counter = float(ev.samples[-1]), ev.counter
         # The counter rises by one per evaluated epoch at most: at least patience - counter more epochs.
         lower = (patience - min(counter, patience - 1)) * size - max(done - s_eval, 0.0)
-        remaining_raw = max(self.total_raw_samples(view) - done, lower, MIN_REMAINING_EPOCHS * size)
+        remaining_raw = max(self.total_raw_samples(view, ev) - done, lower, MIN_REMAINING_EPOCHS * size)
         ratio = view.progress_samples / done if done > 0 and view.progress_samples > 0 else 1.0
         return float(remaining_raw * ratio)
 
