@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ones_pipeline.core import goodput as gp
+from ones_pipeline.core.efficiency import efficiency
 from ones_pipeline.core.types import Allocation, Cluster, JobSpec, Schedule, StoppingRule, ThroughputObs, lr_for_batch
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.packaged import workload_path
@@ -326,6 +327,39 @@ def test_best_batch_grows_with_the_noise_scale_and_stays_in_bounds():
     good, micro, _ = gp.best_batch(params[None], np.array([10.0, 1e5]), 32, 4096, 8, 256, np.array([1, 2]),
                                    np.array([4, 8]))
     assert good.shape == micro.shape == (2,)
+
+
+def test_best_batch_is_the_composition_of_the_model_functions_bit_for_bit():
+    """``best_batch`` computes in place; it must give exactly what split_for -> throughput x efficiency
+    give, over random jobs and allocations (one GPU, several nodes, micro-batches out of bounds, no GPU)."""
+    rng = np.random.default_rng(3)
+    sets = well_posed_sets()
+    params = np.stack([gp.fit_perf_params(s) for s in sets])
+    for _ in range(20):
+        R = int(rng.integers(1, 40))
+        p = params[rng.integers(0, len(params), R)]
+        gns = rng.choice([0.0, 50.0, 2e3, 1e5], R)
+        m0 = rng.choice([16.0, 32.0, 128.0], R)
+        top = m0 * rng.choice([1.0, 8.0, 64.0], R)
+        lo_micro, hi_micro = rng.choice([1.0, 8.0], R), rng.choice([16.0, 64.0, 512.0], R)
+        n = rng.choice([0.0, 1.0, 2.0, 4.0, 8.0, 64.0], R)
+        k = np.maximum(1.0, np.ceil(n / rng.choice([1.0, 4.0, 8.0], R)))
+        with np.errstate(all="ignore"):
+            got = gp.best_batch(p, gns, m0, top, lo_micro, hi_micro, k, n)
+            lo = np.maximum(m0, lo_micro * n)
+            batch = lo * (top / lo) ** np.linspace(0.0, 1.0, gp.BATCH_CANDIDATES)[:, None]
+            micro, accum = gp.split_for(batch, n, hi_micro, m0)
+            total = n * micro * (accum + 1.0)
+            good = gp.throughput(p, k, n, micro, accum) * efficiency(gns, m0, np.maximum(total, m0))
+            good = np.where((micro >= lo_micro) & (micro <= hi_micro) & (n > 0), good, 0.0)
+            i = np.argmax(good, axis=0)[None]
+            want = [np.take_along_axis(a, i, axis=0)[0] for a in (good, micro, accum)]
+            assert np.array_equal(got[0], want[0])
+            assert np.array_equal(got[1], want[1].astype(np.int64))
+            assert np.array_equal(got[2], want[2].astype(np.int64))
+    # Scalars (one allocation of one job, as ``job_batch`` asks) take the same path.
+    one = gp.best_batch(params[0], 2e3, 32.0, 4096.0, 8.0, 256.0, 1.0, 1.0)
+    assert all(np.ndim(x) == 0 for x in one) and 8 <= one[1] <= 256
 
 
 def spec(**kw) -> JobSpec:

@@ -337,21 +337,61 @@ def best_batch(params: np.ndarray, gns, base_batch, max_batch, min_micro, max_mi
 
     Candidates: ``candidates`` total batches geometrically spaced from max(base batch, min micro-batch x
     GPUs) to ``max_batch``, each split by :func:`split_for`; a candidate whose micro-batch falls outside
-    [min_micro, max_micro] has goodput 0. Goodput in base-batch samples per second.
+    [min_micro, max_micro] has goodput 0. Goodput in base-batch samples per second. The arithmetic is
+    that of ``split_for``, ``step_time``, ``throughput`` and ``efficiency``, operation for operation (the
+    same result to the bit, tested), done in place: the (candidates x allocations) arrays of a first
+    decision at thousands of GPUs are tens of MB each, and their temporaries cost more than the arithmetic.
     """
     k, n = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
     p = np.asarray(params, dtype=float)
     m0 = np.asarray(base_batch, dtype=float)
-    lo = np.maximum(m0, np.asarray(min_micro, dtype=float) * n)
+    lo_micro, hi_micro = np.asarray(min_micro, dtype=float), np.asarray(max_micro, dtype=float)
+    lo = np.maximum(m0, lo_micro * n)
     hi = np.broadcast_to(np.asarray(max_batch, dtype=float), lo.shape)
     frac = np.linspace(0.0, 1.0, candidates) if candidates > 1 else np.zeros(1)
     frac = frac.reshape((candidates,) + (1,) * lo.ndim)
-    batch = lo * (hi / lo) ** frac  # (C, ...) geometric from lo to hi
-    micro, accum = split_for(batch, n, max_micro, m0)
-    total = n * micro * (accum + 1.0)
-    good = throughput(p, k, n, micro, accum) * efficiency(gns, m0, np.maximum(total, m0))
-    ok = (micro >= np.asarray(min_micro, dtype=float)) & (micro <= np.asarray(max_micro, dtype=float)) & (n > 0)
-    good = np.where(ok, good, 0.0)
+    # Every (C, ...) array below is computed in place, operation by operation as split_for, step_time,
+    # throughput and efficiency compute it (the same roundings), without their temporaries.
+    local = np.power(hi / lo, frac)
+    np.multiply(lo, local, out=local)  # the candidate total batches, geometric from lo to hi
+    np.divide(local, n, out=local)  # split_for: per-GPU batch
+    accum = np.divide(local, hi_micro)
+    np.subtract(accum, _EPS, out=accum)
+    np.ceil(accum, out=accum)
+    np.subtract(accum, 1.0, out=accum)
+    single = np.greater(local, m0 + _EPS)
+    np.logical_and(single, n == 1, out=single)
+    np.maximum(accum, single, out=accum)  # at least 1 where single, at least 0 everywhere
+    a1 = accum + 1.0
+    micro = np.divide(local, a1, out=local)
+    np.subtract(micro, _EPS, out=micro)
+    np.ceil(micro, out=micro)
+    total = np.multiply(n, micro)
+    np.multiply(total, a1, out=total)  # samples per step
+    # step time (step_time): compute, then the optimiser step against the network
+    compute = np.multiply(p[..., 1], micro)
+    np.add(compute, p[..., 0], out=compute)
+    net = _network(p, k, n)
+    g = p[..., 6]
+    top = np.maximum(compute, net)
+    r = np.minimum(compute, net)
+    np.divide(r, top, out=r)
+    np.power(r, g, out=r)
+    np.add(r, 1.0, out=r)
+    np.power(r, 1.0 / g, out=r)
+    np.multiply(top, r, out=r)  # optim
+    np.multiply(accum, compute, out=compute)
+    np.add(compute, r, out=compute)  # step time
+    eff = np.maximum(total, m0)  # efficiency at the total batch
+    gn = np.maximum(np.asarray(gns, dtype=float), 0.0)
+    np.add(eff, gn, out=eff)
+    np.divide(gn + m0, eff, out=eff)
+    good = np.divide(total, compute, out=total)  # throughput
+    np.multiply(good, eff, out=good)
+    bad = np.less(micro, lo_micro)
+    np.logical_or(bad, micro > hi_micro, out=bad)
+    np.logical_or(bad, ~(n > 0), out=bad)
+    np.copyto(good, 0.0, where=bad)
     i = np.argmax(good, axis=0)[None]
     pick = lambda a: np.take_along_axis(np.broadcast_to(a, good.shape), i, axis=0)[0]  # noqa: E731
     return pick(good), pick(micro).astype(np.int64), pick(accum).astype(np.int64)
