@@ -723,3 +723,42 @@ def test_the_goodput_row_memo_stays_within_its_cell_budget(monkeypatch):
         assert np.allclose(table[~measured], expected[order][~measured], rtol=1e-12, atol=0)
         assert og._row_cells == sum(r.size for r in og._ROWS.values()) <= full
     estimates.forget_fits()
+
+
+def _same_model(v, model):
+    return dataclasses.replace(v, spec=dataclasses.replace(v.spec, model=model))
+
+
+def test_pooled_views_share_one_tuple_per_model_and_leave_unmeasured_jobs_alone():
+    from ones_pipeline.core.policies.ones_goodput import pooled_views
+    a = _same_model(view("a", obs=[ThroughputObs(1, 1, 32, 0.10, 0.0)]), "ncf")
+    b = _same_model(view("b", obs=[ThroughputObs(4, 1, 32, 0.30, 0.25), ThroughputObs(1, 1, 32, 0.11, 0.0)]), "ncf")
+    c = _same_model(view("c"), "ncf")  # unmeasured: valued by the model's mean fit, as before
+    d = view("d", obs=[ThroughputObs(2, 1, 32, 0.2, 0.1)])  # another model
+    pa, pb, pc, pd = pooled_views([a, b, c, d])
+    assert pa.throughput_obs is pb.throughput_obs
+    # one observation per configuration, the first job's, sorted by configuration
+    assert pa.throughput_obs == (ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(4, 1, 32, 0.30, 0.25))
+    assert pc.throughput_obs == () and pd.throughput_obs == d.throughput_obs
+    assert pa.spec is a.spec and pa.samples_done == a.samples_done
+
+
+def test_a_job_measured_on_one_gpu_is_valued_elsewhere_by_its_models_other_jobs_with_pool_model_obs():
+    # "a" has run on 1 GPU only: alone, its fit knows nothing of the all-reduce and values 4 GPUs at
+    # almost 4x. "b", the same model, measured the all-reduce on 2 and 4 GPUs. Pooled, "a" is valued by
+    # what both measured (the batch each would tune still amortises some of the all-reduce).
+    one = ThroughputObs(1, 1, 32, 0.10, 0.0)
+    a = _same_model(view("a", requested=4, obs=[one]), "ncf")
+    b = _same_model(view("b", requested=4, obs=[one, ThroughputObs(2, 1, 32, 0.16, 0.09),
+                                                 ThroughputObs(4, 1, 32, 0.30, 0.24)]), "ncf")
+    cluster = Cluster.uniform(1, 4)
+    tables = {}
+    for pool in (False, True):
+        ctx, _ = OnesPolicy(seed=0, pool_model_obs=pool)._context(cluster, [a, b], Schedule(), 0.0)
+        tables[pool] = ctx.table
+    assert tables[False][0, 4] > 3.0 * tables[False][0, 1]  # optimistic: an unmeasured network is free
+    assert tables[True][0, 4] < 0.75 * tables[False][0, 4]  # what "b" measured: the all-reduce costs
+    assert np.array_equal(tables[True][0], tables[False][1])  # "a" valued as "b", who has measured it all
+    assert np.array_equal(tables[True][1], tables[False][1])
+    with pytest.raises(ValueError, match="pool_model_obs"):
+        OnesPolicy(pool_model_obs="yes")

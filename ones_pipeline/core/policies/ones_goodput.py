@@ -32,6 +32,21 @@ def _measured(job: JobView) -> bool:
     return bool(job.throughput_obs) and job.grad_noise_scale is not None
 
 
+def pooled_views(jobs: Sequence[JobView]) -> list[JobView]:
+    """``jobs`` with each measured job's step-time observations replaced by those of every job of its model
+    (``spec.model``), one per configuration (GPUs, nodes, micro-batch; the first job in ``jobs`` to report
+    it), sorted by configuration: jobs of one model on one kind of GPU share one step-time model, so a job
+    that has only run on one GPU is valued elsewhere by what its model's other jobs measured there, not by
+    the optimistic prior of an unmeasured network. The jobs of a model share one tuple, so one fit."""
+    pools: dict[str, dict[tuple, object]] = {}
+    for j in jobs:
+        pool = pools.setdefault(j.spec.model, {})
+        for o in j.throughput_obs:
+            pool.setdefault((o.num_gpus, o.num_nodes, o.per_gpu_batch), o)
+    shared = {m: tuple(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
+    return [replace(j, throughput_obs=shared[j.spec.model]) if j.throughput_obs else j for j in jobs]
+
+
 def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
                      use_efficiency: bool, recipe_first: bool) -> np.ndarray:
     """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with, from
