@@ -414,6 +414,24 @@ def batch_limits(spec: JobSpec) -> tuple[float, float, float, float]:
     return m0, top, lo_micro, max(hi_micro, lo_micro)
 
 
+class SharedObs(tuple):
+    """A tuple of observations that many jobs share (``ones``'s pooled observations of a model): equal to,
+    and hashed as, the plain tuple, but its hash is computed once instead of at every lookup (a plain tuple
+    hashes each of its observations every time, and a pooled tuple of thousands of jobs is looked up for
+    each of them)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+
+def obs_key(observations) -> tuple:
+    """``observations`` as a memo key: a tuple (``SharedObs`` kept as it is), else a tuple of them."""
+    return observations if isinstance(observations, tuple) else tuple(observations)
+
+
 _FITS: dict[tuple[ThroughputObs, ...], np.ndarray] = {}
 _MAX_FITS = 65536
 
@@ -421,7 +439,7 @@ _MAX_FITS = 65536
 def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]]) -> None:
     """Fit, in one batch (``fit_perf_params_many``), every non-empty observation tuple ``fitted`` has not
     memoised yet: a policy calls it once per decision, before it asks ``fitted`` job by job."""
-    todo = list(dict.fromkeys(t for s in observation_sets if (t := tuple(s)) and t not in _FITS))
+    todo = list(dict.fromkeys(t for s in observation_sets if (t := obs_key(s)) and t not in _FITS))
     if not todo:
         return
     if len(_FITS) + len(todo) > _MAX_FITS:  # forget the oldest half
@@ -459,7 +477,7 @@ def job_batch(spec: JobSpec, observations: Sequence[ThroughputObs], gns: float |
     picked = None
     if observations and gns is not None:
         m0, top, lo_micro, hi_micro = limits
-        _, micro, accum = best_batch(fitted(tuple(observations)), gns, m0, top, lo_micro, hi_micro, nodes, replicas)
+        _, micro, accum = best_batch(fitted(obs_key(observations)), gns, m0, top, lo_micro, hi_micro, nodes, replicas)
         picked = int(micro), int(accum)
     return _settled(limits, picked, replicas)
 

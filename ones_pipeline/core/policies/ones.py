@@ -164,7 +164,7 @@ class OnesParams(PolicyParams):
     tail_chain: bool = True
     tail_chain_plain: float = 0.3
     wait_weight: float | None = 1.0
-    pool_model_obs: bool = False
+    pool_model_obs: bool | str = False
 
     @property
     def hold_s(self) -> float:
@@ -224,7 +224,8 @@ class OnesParams(PolicyParams):
             tail_chain_plain=check_float(n, "tail_chain_plain", self.tail_chain_plain, 0.0, 1.0),
             wait_weight=(None if self.wait_weight is None else
                          check_float(n, "wait_weight", self.wait_weight, 0.0, strict_min=True)),
-            pool_model_obs=check_bool(n, "pool_model_obs", self.pool_model_obs),
+            pool_model_obs=(self.pool_model_obs if self.pool_model_obs == "all"
+                            else check_bool(n, "pool_model_obs", self.pool_model_obs)),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -322,7 +323,7 @@ class OnesPolicy(PolicyBase):
         cur_rate = None
         if c.job_batch:
             if c.pool_model_obs:  # the scheduler's estimates only: each job still tunes its batch on its own steps
-                jobs = pooled_views(jobs)
+                jobs = pooled_views(jobs, new_jobs=c.pool_model_obs == "all")
             caps = scale_limits(jobs, caps, c.max_scale_out, c.unmeasured_gpus)
             table = tuned_table(cluster, jobs, caps, c.use_efficiency, c.recipe_first)  # (J, N+1)
             batches = None

@@ -32,19 +32,34 @@ def _measured(job: JobView) -> bool:
     return bool(job.throughput_obs) and job.grad_noise_scale is not None
 
 
-def pooled_views(jobs: Sequence[JobView]) -> list[JobView]:
+def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobView]:
     """``jobs`` with each measured job's step-time observations replaced by those of every job of its model
     (``spec.model``), one per configuration (GPUs, nodes, micro-batch; the first job in ``jobs`` to report
     it), sorted by configuration: jobs of one model on one kind of GPU share one step-time model, so a job
     that has only run on one GPU is valued elsewhere by what its model's other jobs measured there, not by
-    the optimistic prior of an unmeasured network. The jobs of a model share one tuple, so one fit."""
+    the optimistic prior of an unmeasured network. The jobs of a model share one tuple, so one fit.
+    ``new_jobs``: a job that has measured nothing yet gets them too, with the noise scale of the job of its
+    model that has made the least progress and measured one (the noise scale grows as training goes on):
+    it is valued as its model's jobs measured, not by the generic prior."""
     pools: dict[str, dict[tuple, object]] = {}
+    young: dict[str, tuple[float, float]] = {}  # model -> (progress, noise scale) of its least-progressed job
     for j in jobs:
         pool = pools.setdefault(j.spec.model, {})
         for o in j.throughput_obs:
             pool.setdefault((o.num_gpus, o.num_nodes, o.per_gpu_batch), o)
-    shared = {m: tuple(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
-    return [replace(j, throughput_obs=shared[j.spec.model]) if j.throughput_obs else j for j in jobs]
+        if j.throughput_obs and j.grad_noise_scale is not None:
+            if j.spec.model not in young or j.progress_samples < young[j.spec.model][0]:
+                young[j.spec.model] = (j.progress_samples, float(j.grad_noise_scale))
+    shared = {m: gp.SharedObs(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
+    out = []
+    for j in jobs:
+        if j.throughput_obs:
+            out.append(replace(j, throughput_obs=shared[j.spec.model]))
+        elif new_jobs and j.spec.model in young:
+            out.append(replace(j, throughput_obs=shared[j.spec.model], grad_noise_scale=young[j.spec.model][1]))
+        else:
+            out.append(j)
+    return out
 
 
 def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
@@ -82,8 +97,8 @@ def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, 
     if m.any():
         rj = rows[m]
         uniq, inv = np.unique(rj, return_inverse=True)
-        gp.fit_many(tuple(jobs[j].throughput_obs) for j in uniq)  # all new fits in one batch
-        params = np.stack([gp.fitted(tuple(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
+        gp.fit_many(jobs[j].throughput_obs for j in uniq)  # all new fits in one batch
+        params = np.stack([gp.fitted(gp.obs_key(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
         gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
         lim = np.array([gp.batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)
         good, micro, accum = gp.best_batch(params, gns, lim[:, 0], lim[:, 1], lim[:, 2], lim[:, 3],
@@ -112,7 +127,7 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
     todo = np.ones(J, dtype=bool)
     for i, j in enumerate(jobs):
         if _measured(j):
-            keys[i] = key = (tuple(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
+            keys[i] = key = (gp.obs_key(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
                              int(caps[i]), gpn, use_efficiency)
             row = _ROWS.get(key)
             if row is not None:
