@@ -437,3 +437,13 @@ def test_a_job_that_tunes_its_batch_changes_it_without_restarts():
     batches = {b for b in pol.seen if b is not None}
     assert len(batches) > 1  # it re-tuned as its noise scale grew
     assert max(batches) > job.spec.min_global_batch
+
+
+def test_shared_obs_is_the_plain_tuple_as_a_key():
+    obs = (ThroughputObs(1, 1, 32, 0.1, 0.0), ThroughputObs(4, 1, 32, 0.3, 0.2))
+    shared = gp.SharedObs(obs)
+    assert shared == obs and hash(shared) == hash(obs) and hash(shared) == hash(shared)
+    memo = {obs: 1}
+    assert memo[shared] == 1 and gp.obs_key(shared) is shared and gp.obs_key(list(obs)) == obs
+    gp.fit_many([shared])
+    assert np.array_equal(gp.fitted(obs), gp.fitted(shared))
