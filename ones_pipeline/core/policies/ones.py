@@ -127,6 +127,12 @@ class OnesParams(PolicyParams):
     predicted time left at its requested count, so that a job kept waiting long against its own size is not
     deferred again and again for jobs that would finish sooner (the tail of an overloaded trace); a job that
     has been running all along gains no weight, however old.
+    ``pool_model_obs`` (default false): the scheduler values each measured job by the step times of every
+    job of its model (``spec.model``; one observation per configuration, ``ones_goodput.pooled_views``),
+    not by its own alone, so a job that has run on one GPU is not valued on four by the optimistic prior of
+    a network it has not measured; "all": a job that has measured nothing yet too, with the noise scale of
+    its model's least-progressed measured job. Each job still tunes its batch on its own steps. It assumes
+    that jobs with one model name have one step-time model (same code, same kind of GPU).
     """
 
     policy = "ones"
