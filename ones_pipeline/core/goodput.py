@@ -36,7 +36,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.efficiency import efficiency
 from ones_pipeline.core.types import JobSpec, ThroughputObs
 
 N_PERF = 7  # ac, bc, an, bn, ar, br, gamma

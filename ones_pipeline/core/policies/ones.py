@@ -46,10 +46,10 @@ from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
 from ones_pipeline.core.policies.ones_fitness import keep_unless_better as _keep_unless_better
 from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
-    pooled_views,
     current_goodput,
     fixed_batch_table,
     placed_goodput,
+    pooled_views,
     scale_limits,
     tuned_schedule,
     tuned_table,

@@ -47,9 +47,9 @@ def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobVie
         pool = pools.setdefault(j.spec.model, {})
         for o in j.throughput_obs:
             pool.setdefault((o.num_gpus, o.num_nodes, o.per_gpu_batch), o)
-        if j.throughput_obs and j.grad_noise_scale is not None:
-            if j.spec.model not in young or j.progress_samples < young[j.spec.model][0]:
-                young[j.spec.model] = (j.progress_samples, float(j.grad_noise_scale))
+        measured = j.throughput_obs and j.grad_noise_scale is not None
+        if measured and (j.spec.model not in young or j.progress_samples < young[j.spec.model][0]):
+            young[j.spec.model] = (j.progress_samples, float(j.grad_noise_scale))
     shared = {m: gp.SharedObs(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
     out = []
     for j in jobs:
