@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.types import JobSpec, ThroughputObs
+from ones_pipeline.core.types import JobSpec, SharedObs, ThroughputObs, obs_key  # noqa: F401 (re-exported)
 
 N_PERF = 7  # ac, bc, an, bn, ar, br, gamma
 _FLOOR = 1e-8
@@ -328,45 +328,9 @@ def split_for(batch, replicas, max_micro, base_batch):
     return micro, accum
 
 
-def best_batch(params: np.ndarray, gns, base_batch, max_batch, min_micro, max_micro, nodes, replicas,
-               candidates: int = BATCH_CANDIDATES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Goodput-optimal batch of each allocation: ``(goodput, micro_batch, accum_steps)``, each of the
-    broadcast shape of ``nodes``/``replicas`` (per-job arguments broadcast against them; ``params``
-    (..., 7)).
-
-    Candidates: ``candidates`` total batches geometrically spaced from max(base batch, min micro-batch x
-    GPUs) to ``max_batch``, each split by :func:`split_for`; a candidate whose micro-batch falls outside
-    [min_micro, max_micro] has goodput 0. Goodput in base-batch samples per second. The arithmetic is
-    that of ``split_for``, ``step_time``, ``throughput`` and ``efficiency``, operation for operation (the
-    same result to the bit, tested), done in place: the (candidates x allocations) arrays of a first
-    decision at thousands of GPUs are tens of MB each, and their temporaries cost more than the arithmetic.
-    """
-    k, n = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
-    p = np.asarray(params, dtype=float)
-    m0 = np.asarray(base_batch, dtype=float)
-    lo_micro, hi_micro = np.asarray(min_micro, dtype=float), np.asarray(max_micro, dtype=float)
-    lo = np.maximum(m0, lo_micro * n)
-    hi = np.broadcast_to(np.asarray(max_batch, dtype=float), lo.shape)
-    frac = np.linspace(0.0, 1.0, candidates) if candidates > 1 else np.zeros(1)
-    frac = frac.reshape((candidates,) + (1,) * lo.ndim)
-    # Every (C, ...) array below is computed in place, operation by operation as split_for, step_time,
-    # throughput and efficiency compute it (the same roundings), without their temporaries.
-    local = np.power(hi / lo, frac)
-    np.multiply(lo, local, out=local)  # the candidate total batches, geometric from lo to hi
-    np.divide(local, n, out=local)  # split_for: per-GPU batch
-    accum = np.divide(local, hi_micro)
-    np.subtract(accum, _EPS, out=accum)
-    np.ceil(accum, out=accum)
-    np.subtract(accum, 1.0, out=accum)
-    single = np.greater(local, m0 + _EPS)
-    np.logical_and(single, n == 1, out=single)
-    np.maximum(accum, single, out=accum)  # at least 1 where single, at least 0 everywhere
-    a1 = accum + 1.0
-    micro = np.divide(local, a1, out=local)
-    np.subtract(micro, _EPS, out=micro)
-    np.ceil(micro, out=micro)
-    total = np.multiply(n, micro)
-    np.multiply(total, a1, out=total)  # samples per step
+def _goodput_in_place(p, k, n, micro, accum, total, gns, m0) -> np.ndarray:
+    """``best_batch``'s goodput of each candidate: ``throughput x efficiency`` as ``step_time``,
+    ``throughput`` and ``efficiency`` compute it, operation for operation, in ``total``'s memory."""
     # step time (step_time): compute, then the optimiser step against the network
     compute = np.multiply(p[..., 1], micro)
     np.add(compute, p[..., 0], out=compute)
@@ -386,7 +350,45 @@ def best_batch(params: np.ndarray, gns, base_batch, max_batch, min_micro, max_mi
     np.add(eff, gn, out=eff)
     np.divide(gn + m0, eff, out=eff)
     good = np.divide(total, compute, out=total)  # throughput
-    np.multiply(good, eff, out=good)
+    return np.multiply(good, eff, out=good)
+
+
+def best_batch(params: np.ndarray, gns, base_batch, max_batch, min_micro, max_micro, nodes, replicas,
+               candidates: int = BATCH_CANDIDATES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Goodput-optimal batch of each allocation: ``(goodput, micro_batch, accum_steps)``, each of the
+    broadcast shape of ``nodes``/``replicas`` (per-job arguments broadcast against them; ``params``
+    (..., 7)).
+
+    Candidates: ``candidates`` total batches geometrically spaced from max(base batch, min micro-batch x
+    GPUs) to ``max_batch``, each split by :func:`split_for`; a candidate whose micro-batch falls outside
+    [min_micro, max_micro] has goodput 0. Goodput in base-batch samples per second. In place (the (C, ...)
+    arrays reach tens of MB), operation for operation as ``split_for`` and the model functions (tested).
+    """
+    k, n = np.broadcast_arrays(np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
+    p = np.asarray(params, dtype=float)
+    m0 = np.asarray(base_batch, dtype=float)
+    lo_micro, hi_micro = np.asarray(min_micro, dtype=float), np.asarray(max_micro, dtype=float)
+    lo = np.maximum(m0, lo_micro * n)
+    hi = np.broadcast_to(np.asarray(max_batch, dtype=float), lo.shape)
+    frac = np.linspace(0.0, 1.0, candidates) if candidates > 1 else np.zeros(1)
+    frac = frac.reshape((candidates,) + (1,) * lo.ndim)
+    local = np.power(hi / lo, frac)
+    np.multiply(lo, local, out=local)  # the candidate total batches, geometric from lo to hi
+    np.divide(local, n, out=local)  # split_for: per-GPU batch
+    accum = np.divide(local, hi_micro)
+    np.subtract(accum, _EPS, out=accum)
+    np.ceil(accum, out=accum)
+    np.subtract(accum, 1.0, out=accum)
+    single = np.greater(local, m0 + _EPS)
+    np.logical_and(single, n == 1, out=single)
+    np.maximum(accum, single, out=accum)  # at least 1 where single, at least 0 everywhere
+    a1 = accum + 1.0
+    micro = np.divide(local, a1, out=local)
+    np.subtract(micro, _EPS, out=micro)
+    np.ceil(micro, out=micro)
+    total = np.multiply(n, micro)
+    np.multiply(total, a1, out=total)  # samples per step
+    good = _goodput_in_place(p, k, n, micro, accum, total, gns, m0)
     bad = np.less(micro, lo_micro)
     np.logical_or(bad, micro > hi_micro, out=bad)
     np.logical_or(bad, ~(n > 0), out=bad)
@@ -411,24 +413,6 @@ def batch_limits(spec: JobSpec) -> tuple[float, float, float, float]:
     lo_micro = float(spec.min_per_gpu_batch or 1)
     hi_micro = float(spec.max_per_gpu_batch or top)
     return m0, top, lo_micro, max(hi_micro, lo_micro)
-
-
-class SharedObs(tuple):
-    """A tuple of observations that many jobs share (``ones``'s pooled observations of a model): equal to,
-    and hashed as, the plain tuple, but its hash is computed once instead of at every lookup (a plain tuple
-    hashes each of its observations every time, and a pooled tuple of thousands of jobs is looked up for
-    each of them)."""
-
-    def __hash__(self) -> int:
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = tuple.__hash__(self)
-        return h
-
-
-def obs_key(observations) -> tuple:
-    """``observations`` as a memo key: a tuple (``SharedObs`` kept as it is), else a tuple of them."""
-    return observations if isinstance(observations, tuple) else tuple(observations)
 
 
 _FITS: dict[tuple[ThroughputObs, ...], np.ndarray] = {}

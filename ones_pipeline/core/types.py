@@ -330,6 +330,24 @@ class ThroughputObs:
     sync_time_s: float = 0.0
 
 
+class SharedObs(tuple):
+    """A tuple of observations that many jobs share (``ones``'s pooled observations of a model): equal to,
+    and hashed as, the plain tuple, but its hash is computed once instead of at every lookup (a plain tuple
+    hashes each of its observations every time, and a pooled tuple of thousands of jobs is looked up for
+    each of them)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = tuple.__hash__(self)
+        return h
+
+
+def obs_key(observations) -> tuple:
+    """``observations`` as a memo key: a tuple (``SharedObs`` kept as it is), else a tuple of them."""
+    return observations if isinstance(observations, tuple) else tuple(observations)
+
+
 @dataclass(frozen=True)
 class JobView:
     """What the scheduler knows of one active job at decision time (simulated or live)."""
