@@ -10,7 +10,17 @@ import pytest
 
 from ones_pipeline.core import goodput as gp
 from ones_pipeline.core.efficiency import efficiency
-from ones_pipeline.core.types import Allocation, Cluster, JobSpec, Schedule, StoppingRule, ThroughputObs, lr_for_batch
+from ones_pipeline.core.types import (
+    Allocation,
+    Cluster,
+    JobSpec,
+    Schedule,
+    SharedObs,
+    StoppingRule,
+    ThroughputObs,
+    lr_for_batch,
+    obs_key,
+)
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.workloads import load_pollux_workload
@@ -441,9 +451,9 @@ def test_a_job_that_tunes_its_batch_changes_it_without_restarts():
 
 def test_shared_obs_is_the_plain_tuple_as_a_key():
     obs = (ThroughputObs(1, 1, 32, 0.1, 0.0), ThroughputObs(4, 1, 32, 0.3, 0.2))
-    shared = gp.SharedObs(obs)
+    shared = SharedObs(obs)
     assert shared == obs and hash(shared) == hash(obs) and hash(shared) == hash(shared)
     memo = {obs: 1}
-    assert memo[shared] == 1 and gp.obs_key(shared) is shared and gp.obs_key(list(obs)) == obs
+    assert memo[shared] == 1 and obs_key(shared) is shared and obs_key(list(obs)) == obs
     gp.fit_many([shared])
     assert np.array_equal(gp.fitted(obs), gp.fitted(shared))

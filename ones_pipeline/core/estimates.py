@@ -14,7 +14,7 @@ from ones_pipeline.core import goodput
 from ones_pipeline.core import throughput as tp
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
 from ones_pipeline.core.progress import remaining_samples
-from ones_pipeline.core.types import JobView
+from ones_pipeline.core.types import JobView, obs_key
 
 
 def fitted_params(jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp.ThroughputParams:
@@ -26,14 +26,14 @@ def fitted_params(jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp
     idx = np.arange(len(jobs)) if rows is None else np.asarray(rows, dtype=np.int64)
     wanted = {int(i) for i in idx}
     need_models = {jobs[i].spec.model for i in wanted if not jobs[i].throughput_obs}
-    _fit_all([goodput.obs_key(j.throughput_obs) for i, j in enumerate(jobs)
+    _fit_all([obs_key(j.throughput_obs) for i, j in enumerate(jobs)
               if j.throughput_obs and (i in wanted or j.spec.model in need_models)]
              + [tuple(jobs[i].model_obs) for i in wanted if not jobs[i].throughput_obs and jobs[i].model_obs])
     own: dict[int, np.ndarray] = {}
     by_model: dict[str, list[np.ndarray]] = defaultdict(list)
     for i, j in enumerate(jobs):  # in job order: the model means sum their fits in the same order
         if j.throughput_obs and (i in wanted or j.spec.model in need_models):
-            own[i] = p = np.asarray(_fit_cached(goodput.obs_key(j.throughput_obs)), dtype=float)
+            own[i] = p = np.asarray(_fit_cached(obs_key(j.throughput_obs)), dtype=float)
             by_model[j.spec.model].append(p)
     model_mean = {model: np.mean(fits, axis=0) for model, fits in by_model.items()
                   if model in need_models}  # once per model

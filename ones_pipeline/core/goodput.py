@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.types import JobSpec, SharedObs, ThroughputObs, obs_key  # noqa: F401 (re-exported)
+from ones_pipeline.core.types import JobSpec, ThroughputObs, obs_key
 
 N_PERF = 7  # ac, bc, an, bn, ar, br, gamma
 _FLOOR = 1e-8

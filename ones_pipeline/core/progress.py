@@ -191,13 +191,14 @@ class ProgressModel:
             return None
         return self._fraction(view, ev)
 
-    def total_raw_samples(self, view: JobView, ev: _Eval | None | bool = True) -> float:
-        """Predicted raw samples processed when the job stops (``ev``: its evaluations when the caller
-        has them, else read from the view)."""
+    def total_raw_samples(self, view: JobView) -> float:
+        """Predicted raw samples processed when the job stops."""
+        return self._total_raw(view, self._evaluations(view))
+
+    def _total_raw(self, view: JobView, ev: _Eval | None) -> float:
+        """``total_raw_samples`` from the evaluations ``ev`` already read from the view."""
         target, patience, _ = _rule(view)
         size = float(view.spec.dataset_size)
-        if ev is True:
-            ev = self._evaluations(view)
         if ev is None or ev.samples[-1] <= 0:
             return max(self.prior_epochs_per_patience * patience * size, patience * size, view.samples_done)
         return float(ev.samples[-1] / self._fraction(view, ev))
@@ -214,7 +215,7 @@ class ProgressModel:
             s_eval, counter = float(ev.samples[-1]), ev.counter
         # The counter rises by one per evaluated epoch at most: at least patience - counter more epochs.
         lower = (patience - min(counter, patience - 1)) * size - max(done - s_eval, 0.0)
-        remaining_raw = max(self.total_raw_samples(view, ev) - done, lower, MIN_REMAINING_EPOCHS * size)
+        remaining_raw = max(self._total_raw(view, ev) - done, lower, MIN_REMAINING_EPOCHS * size)
         ratio = view.progress_samples / done if done > 0 and view.progress_samples > 0 else 1.0
         return float(remaining_raw * ratio)
 

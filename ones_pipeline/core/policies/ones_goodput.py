@@ -19,7 +19,7 @@ import numpy as np
 
 from ones_pipeline.core import estimates
 from ones_pipeline.core import goodput as gp
-from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, SharedObs, lr_for_batch, obs_key
 
 
 def node_counts(cluster: Cluster, max_n: int) -> np.ndarray:
@@ -50,7 +50,7 @@ def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobVie
         measured = j.throughput_obs and j.grad_noise_scale is not None
         if measured and (j.spec.model not in young or j.progress_samples < young[j.spec.model][0]):
             young[j.spec.model] = (j.progress_samples, float(j.grad_noise_scale))
-    shared = {m: gp.SharedObs(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
+    shared = {m: SharedObs(pool[k] for k in sorted(pool)) for m, pool in pools.items()}
     out = []
     for j in jobs:
         if j.throughput_obs:
@@ -98,7 +98,7 @@ def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, 
         rj = rows[m]
         uniq, inv = np.unique(rj, return_inverse=True)
         gp.fit_many(jobs[j].throughput_obs for j in uniq)  # all new fits in one batch
-        params = np.stack([gp.fitted(gp.obs_key(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
+        params = np.stack([gp.fitted(obs_key(jobs[j].throughput_obs)) for j in uniq])[inv]  # (R', 7)
         gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
         lim = np.array([gp.batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)
         good, micro, accum = gp.best_batch(params, gns, lim[:, 0], lim[:, 1], lim[:, 2], lim[:, 3],
@@ -127,7 +127,7 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
     todo = np.ones(J, dtype=bool)
     for i, j in enumerate(jobs):
         if _measured(j):
-            keys[i] = key = (gp.obs_key(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
+            keys[i] = key = (obs_key(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
                              int(caps[i]), gpn, use_efficiency)
             row = _ROWS.get(key)
             if row is not None:
