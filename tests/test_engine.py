@@ -76,3 +76,45 @@ def test_policies_see_histories_and_measurements_not_the_truth(traces):
         assert v.throughput_obs and v.grad_noise_scale is not None and v.grad_noise_scale > 0
         samples = [s for s, _ in v.accuracy_history]
         assert samples == sorted(samples)
+
+
+def _same_model_in_turn():
+    """Three jobs of one model (synthetic jobs share a model name), the third arriving after the first two end."""
+    return [synthetic_job("a", 0, 4_000, 1), synthetic_job("b", 0, 4_000, 2), synthetic_job("c", 50_000, 4_000, 1)]
+
+
+def test_a_job_that_measured_nothing_sees_what_its_models_earlier_jobs_measured():
+    recorder = _Recorder(make_policy("fifo"))
+    simulate(_same_model_in_turn(), recorder, Cluster.uniform(1, 4), SimConfig(interval_s=10))
+    first_c = next(v for v in recorder.views if v.name == "c")
+    assert not first_c.throughput_obs
+    measured = {(o.num_gpus, o.num_nodes, o.per_gpu_batch): o for v in recorder.views if v.name in "ab"
+                for o in v.throughput_obs}
+    assert {1, 2} <= {g for g, _, _ in measured}  # both earlier jobs measured, on 1 and on 2 GPUs
+    # one row per configuration, the newest measurement of each (the last one either job reported)
+    assert {(o.num_gpus, o.num_nodes, o.per_gpu_batch) for o in first_c.model_obs} == set(measured)
+    last = {}
+    for v in recorder.views:
+        if v.name in "ab":
+            last.update({(o.num_gpus, o.num_nodes, o.per_gpu_batch): o for o in v.throughput_obs})
+    assert set(first_c.model_obs) == set(last.values()) and len(first_c.model_obs) == len(last)
+    # once the job has measured itself, it sees only its own measurements
+    assert all(v.model_obs == () for v in recorder.views if v.name == "c" and v.throughput_obs)
+
+
+def test_model_memory_can_be_switched_off():
+    recorder = _Recorder(make_policy("fifo"))
+    simulate(_same_model_in_turn(), recorder, Cluster.uniform(1, 4), SimConfig(interval_s=10, model_memory=False))
+    assert all(v.model_obs == () for v in recorder.views)
+
+
+def test_model_memory_keeps_the_newest_row_per_configuration_and_at_most_kept_rows():
+    from ones_pipeline.core import model_memory
+    from ones_pipeline.core.types import ThroughputObs
+    memory = {}
+    model_memory.remember(memory, "m", [ThroughputObs(1, 1, 32, 0.1, 0.0), ThroughputObs(2, 1, 32, 0.12, 0.02)])
+    model_memory.remember(memory, "m", [ThroughputObs(1, 1, 32, 0.09, 0.0)])  # newer at 1 GPU: replaces, moves last
+    assert model_memory.recalled(memory, "m") == (ThroughputObs(2, 1, 32, 0.12, 0.02), ThroughputObs(1, 1, 32, 0.09, 0.0))
+    model_memory.remember(memory, "m", [ThroughputObs(4, 1, 32, 0.2, 0.1)], kept=2)  # the oldest configuration goes
+    assert [o.num_gpus for o in model_memory.recalled(memory, "m")] == [1, 4]
+    assert model_memory.recalled(memory, "other") == ()

@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ones_pipeline.core import model_memory
 from ones_pipeline.core.policies import Policy, make_policy
 from ones_pipeline.core.types import (
     Allocation,
@@ -45,7 +46,6 @@ from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, Pr
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
 INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
-MODEL_OBS_KEPT = 16  # step times remembered per model (one per GPU count, nodes and per-GPU batch)
 CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
@@ -91,18 +91,11 @@ class _State:
                    {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()})
 
     def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
-        """Keep ``obs`` as the newest step times of ``model``: one row per (GPUs, nodes, per-GPU batch), at
-        most ``MODEL_OBS_KEPT`` of them (the oldest go first)."""
-        rows = {tuple(r[:3]): r for r in self.model_obs.get(model, [])}
-        for o in obs:
-            key = (o.num_gpus, o.num_nodes, o.per_gpu_batch)
-            rows.pop(key, None)
-            rows[key] = [o.num_gpus, o.num_nodes, o.per_gpu_batch, o.step_time_s, o.sync_time_s]
-        self.model_obs[model] = list(rows.values())[-MODEL_OBS_KEPT:]
+        """Keep ``obs`` as the newest step times of ``model`` (``core.model_memory.remember``)."""
+        model_memory.remember(self.model_obs, model, obs)
 
     def prior_obs(self, model: str) -> tuple[ThroughputObs, ...]:
-        return tuple(ThroughputObs(int(g), int(n), int(b), float(t), float(s))
-                     for g, n, b, t, s in self.model_obs.get(model, []))
+        return model_memory.recalled(self.model_obs, model)
 
 
 @dataclass

@@ -28,6 +28,7 @@ import time as _time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ones_pipeline.core import model_memory
 from ones_pipeline.core.goodput import job_batch
 from ones_pipeline.core.policies import Policy
 from ones_pipeline.core.types import (
@@ -62,6 +63,10 @@ class SimConfig:
     # authors' simulator hands its policy), or the base-batch statistics whatever the batch (False; the
     # rule before, kept to measure its effect).
     gns_at_current_batch: bool = True
+    # Jobs that have measured nothing yet see the step times earlier jobs of their model measured
+    # (``JobView.model_obs``, kept by ``core.model_memory`` as the live scheduler keeps them); False: they
+    # see nothing (the rule before, kept to measure its effect).
+    model_memory: bool = True
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -148,7 +153,8 @@ class _Running:
         self.gns: float | None = None  # gradient noise scale the job measured where it last ran
         self.tuned: tuple[int, int] | None = None  # (micro-batch, accum steps) the job chose itself
 
-    def view(self) -> JobView:
+    def view(self, memory: dict[str, list] | None = None) -> JobView:
+        """The policy's view; ``memory``: the model memory, recalled when the job has measured nothing."""
         return JobView(
             spec=self.spec, status=self.status, submit_time_s=self.spec.submit_time_s,
             samples_done=self.samples, progress_samples=self.progress,
@@ -159,6 +165,7 @@ class _Running:
             attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
             last_change_s=self.last_change_s, epochs_at_last_change=self.epochs_at_change,
             max_gpus_seen=self.max_gpus_seen,
+            model_obs=model_memory.recalled(memory, self.spec.model) if memory is not None and not self.obs else (),
         )
 
 
@@ -243,6 +250,7 @@ def simulate(
     busy_gpu_s = 0.0
     decide_s: list[float] = []
     schedule = Schedule()
+    memory: dict[str, list] | None = {} if config.model_memory else None  # model -> remembered step times
     now = math.floor(jobs[0].spec.submit_time_s / interval) * interval
 
     while finished < len(jobs):
@@ -260,7 +268,7 @@ def simulate(
             if jobs[next_arrival].spec.submit_time_s > now:
                 now += interval
             continue
-        new_schedule = _decide(policy, now, cluster, active, schedule, specs, decide_s)
+        new_schedule = _decide(policy, now, cluster, active, schedule, specs, decide_s, memory)
         _apply(active, new_schedule, now, cluster, config, timeline)
         end = now + interval
         active, done, busy_gpu_s = _run_round(active, now, end, cluster, config, timeline, busy_gpu_s)
@@ -276,10 +284,15 @@ def simulate(
 
 
 def _decide(policy: Policy, now: float, cluster: Cluster, active: Sequence[_Running], schedule: Schedule,
-            specs: Mapping[str, JobSpec], decide_s: list[float]) -> Schedule:
+            specs: Mapping[str, JobSpec], decide_s: list[float], memory: dict[str, list] | None = None) -> Schedule:
     """The policy's schedule for this round (its wall time appended to ``decide_s``), checked: only active
-    jobs, no GPU twice, caps respected; RuntimeError otherwise."""
-    views = [r.view() for r in active]
+    jobs, no GPU twice, caps respected; RuntimeError otherwise. ``memory`` (model memory, or None): first
+    updated with every active job's step times, as the live scheduler's tick does."""
+    if memory is not None:
+        for r in active:
+            if r.obs:
+                model_memory.remember(memory, r.spec.model, r.obs.values())
+    views = [r.view(memory) for r in active]
     t0 = _time.perf_counter()
     new_schedule = policy.decide(now, cluster, views, schedule)
     decide_s.append(_time.perf_counter() - t0)
