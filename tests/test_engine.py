@@ -114,7 +114,8 @@ def test_model_memory_keeps_the_newest_row_per_configuration_and_at_most_kept_ro
     memory = {}
     model_memory.remember(memory, "m", [ThroughputObs(1, 1, 32, 0.1, 0.0), ThroughputObs(2, 1, 32, 0.12, 0.02)])
     model_memory.remember(memory, "m", [ThroughputObs(1, 1, 32, 0.09, 0.0)])  # newer at 1 GPU: replaces, moves last
-    assert model_memory.recalled(memory, "m") == (ThroughputObs(2, 1, 32, 0.12, 0.02), ThroughputObs(1, 1, 32, 0.09, 0.0))
+    expected = (ThroughputObs(2, 1, 32, 0.12, 0.02), ThroughputObs(1, 1, 32, 0.09, 0.0))
+    assert model_memory.recalled(memory, "m") == expected
     model_memory.remember(memory, "m", [ThroughputObs(4, 1, 32, 0.2, 0.1)], kept=2)  # the oldest configuration goes
     assert [o.num_gpus for o in model_memory.recalled(memory, "m")] == [1, 4]
     assert model_memory.recalled(memory, "other") == ()
