@@ -82,8 +82,10 @@ def test_two_jobs(policy, expected):
 def test_ones_keeps_a_job_it_just_started_for_min_hold_s():
     # Trace B under ones with a 150 s hold (its default at the default 120 s charge; with the charge 0 here
     # the default hold would be 0): big, started at 0, may not be preempted before t = 150, so it runs 0-40
-    # as under FIFO; small starts at the round at 40 and runs 5 s: JCT 40.
-    jobs = [synthetic_job("big", 0, 8_000, requested_gpus=2), synthetic_job("small", 5, 1_000, requested_gpus=2)]
+    # as under FIFO; small starts at the round at 40 and runs 5 s: JCT 40. small is of another model, so it is
+    # valued by the prior, not by big's remembered step times (the simulator's model memory), as this trace assumes.
+    jobs = [synthetic_job("big", 0, 8_000, requested_gpus=2),
+            synthetic_job("small", 5, 1_000, requested_gpus=2, model="other")]
     jct, _ = run("ones", jobs, gpus=2, restart_cost_s=0.0, min_hold_s=150.0)
     assert jct == pytest.approx({"big": 40.0, "small": 40.0})
 
