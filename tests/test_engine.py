@@ -89,15 +89,11 @@ def test_a_job_that_measured_nothing_sees_what_its_models_earlier_jobs_measured(
     first_c = next(v for v in recorder.views if v.name == "c")
     assert not first_c.throughput_obs
     measured = {(o.num_gpus, o.num_nodes, o.per_gpu_batch): o for v in recorder.views if v.name in "ab"
-                for o in v.throughput_obs}
+                for o in v.throughput_obs}  # later views overwrite earlier ones: the newest of each configuration
     assert {1, 2} <= {g for g, _, _ in measured}  # both earlier jobs measured, on 1 and on 2 GPUs
     # one row per configuration, the newest measurement of each (the last one either job reported)
     assert {(o.num_gpus, o.num_nodes, o.per_gpu_batch) for o in first_c.model_obs} == set(measured)
-    last = {}
-    for v in recorder.views:
-        if v.name in "ab":
-            last.update({(o.num_gpus, o.num_nodes, o.per_gpu_batch): o for o in v.throughput_obs})
-    assert set(first_c.model_obs) == set(last.values()) and len(first_c.model_obs) == len(last)
+    assert set(first_c.model_obs) == set(measured.values()) and len(first_c.model_obs) == len(measured)
     # once the job has measured itself, it sees only its own measurements
     assert all(v.model_obs == () for v in recorder.views if v.name == "c" and v.throughput_obs)
 
