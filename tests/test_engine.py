@@ -115,3 +115,60 @@ def test_model_memory_keeps_the_newest_row_per_configuration_and_at_most_kept_ro
     model_memory.remember(memory, "m", [ThroughputObs(4, 1, 32, 0.2, 0.1)], kept=2)  # the oldest configuration goes
     assert [o.num_gpus for o in model_memory.recalled(memory, "m")] == [1, 4]
     assert model_memory.recalled(memory, "other") == ()
+
+
+class _OneAtATimeTuned(_DoubleBooker):
+    """Runs the first active job on GPU 0, letting it tune its own batch (AdaptDL's trainer)."""
+
+    name = "one-at-a-time-tuned"
+
+    def __init__(self, batch_factor=1):
+        self.batch_factor = batch_factor  # the start batch: this many times the per-GPU batch
+
+    def decide(self, now_s, cluster, jobs, current):
+        if not jobs:
+            return Schedule()
+        j = jobs[0]
+        if j.name in current.allocations:
+            return Schedule({j.name: current.allocations[j.name]})
+        batch = j.spec.per_gpu_batch * self.batch_factor
+        return Schedule({j.name: Allocation(j.name, (0,), batch, lr_for_batch(j.spec, batch), batch_tuned_by_job=True)})
+
+
+def test_what_a_job_measured_after_its_last_decision_is_remembered_when_it_finishes():
+    # "a" starts and finishes within one long round (re-tuning its batch at every epoch end): the policy only
+    # ever saw it unmeasured. "c" arrives later: its model memory must hold what "a" measured.
+    jobs = [synthetic_job("a", 0, 40_000, 1), synthetic_job("c", 10_000, 4_000, 1)]
+    recorder = _Recorder(_OneAtATimeTuned())
+    simulate(jobs, recorder, Cluster.uniform(1, 4), SimConfig(interval_s=5_000))
+    assert all(not v.throughput_obs for v in recorder.views if v.name == "a")  # never seen measured
+    first_c = next(v for v in recorder.views if v.name == "c")
+    assert not first_c.throughput_obs
+    assert first_c.model_obs and {(o.num_gpus, o.num_nodes) for o in first_c.model_obs} == {(1, 1)}
+    assert all(o.step_time_s > 0 for o in first_c.model_obs)
+
+
+def test_model_memory_keeps_the_noise_scale_measured_earliest_in_training():
+    from ones_pipeline.core import model_memory
+
+    noise = {}
+    model_memory.remember_noise(noise, "m", 5_000.0, 300.0)
+    model_memory.remember_noise(noise, "m", 9_000.0, 900.0)  # later in training: not kept
+    model_memory.remember_noise(noise, "m", 1_000.0, None)  # nothing measured: ignored
+    assert model_memory.recalled_noise(noise, "m") == 300.0
+    model_memory.remember_noise(noise, "m", 2_000.0, 200.0)  # another job, earlier in its training
+    assert model_memory.recalled_noise(noise, "m") == 200.0 and model_memory.recalled_noise(noise, "x") is None
+
+
+def test_an_unmeasured_job_sees_its_models_earliest_noise_scale_and_trains_at_the_batch_it_was_given():
+    recorder = _Recorder(_OneAtATimeTuned(batch_factor=4))
+    simulate(_same_model_in_turn(), recorder, Cluster.uniform(1, 4), SimConfig(interval_s=10))
+    first_c = next(v for v in recorder.views if v.name == "c")
+    earliest = min(((v.samples_done, v.grad_noise_scale) for v in recorder.views
+                    if v.name in "ab" and v.grad_noise_scale is not None))
+    assert first_c.model_gns == earliest[1]
+    assert all(v.model_gns is None for v in recorder.views if v.throughput_obs)
+    # Given 4x its per-GPU batch on 1 GPU before measuring anything, "a" trains at it (as the live trainer does),
+    # split in two micro-batches (one GPU above the base batch), not at its smallest batch.
+    first_measured = next(v for v in recorder.views if v.name == "a" and v.throughput_obs)
+    assert first_measured.throughput_obs[0].per_gpu_batch == 2 * first_measured.spec.per_gpu_batch

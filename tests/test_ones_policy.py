@@ -762,3 +762,29 @@ def test_a_job_measured_on_one_gpu_is_valued_elsewhere_by_its_models_other_jobs_
     assert np.array_equal(tables[True][1], tables[False][1])
     with pytest.raises(ValueError, match="pool_model_obs"):
         OnesPolicy(pool_model_obs="yes")
+
+
+def test_start_from_memory_starts_a_new_job_at_the_batch_its_models_earlier_jobs_measured_best():
+    from ones_pipeline.core import goodput as gp
+    from ones_pipeline.core.policies.ones_goodput import memory_views
+    # What earlier jobs of the model measured: compute barely grows with the batch, and a large noise scale.
+    mem = (ThroughputObs(1, 1, 32, 0.010, 0.0), ThroughputObs(1, 1, 256, 0.012, 0.0))
+    new = dataclasses.replace(view("new", requested=1), grad_noise_scale=None, model_obs=mem, model_gns=5e4)
+    own = dataclasses.replace(view("own", requested=1, obs=[ThroughputObs(1, 1, 32, 0.05, 0.0)]), model_obs=mem,
+                              model_gns=5e4)  # measured itself: its own steps count
+    bare = dataclasses.replace(new, model_gns=None)  # no noise scale remembered: nothing to pick a batch by
+    v_new, v_own, v_bare = memory_views([new, own, bare])
+    assert v_new.throughput_obs == mem and v_new.grad_noise_scale == 5e4 and v_new.spec is new.spec
+    assert v_own is own and v_bare is bare
+    cluster = Cluster.uniform(1, 4)
+    batches = {}
+    for on in (False, True):
+        alloc = OnesPolicy(seed=0, start_from_memory=on).decide(0.0, cluster, [new], Schedule()).allocations["new"]
+        assert alloc.batch_tuned_by_job
+        n = alloc.num_gpus
+        micro, accum = gp.job_batch(new.spec, mem if on else (), 5e4 if on else None, 1, n)
+        assert alloc.global_batch == n * micro * (accum + 1)
+        batches[on] = alloc.global_batch
+    assert batches[True] >= 4 * batches[False]  # not the smallest batch, from which it would climb
+    with pytest.raises(ValueError, match="start_from_memory"):
+        OnesPolicy(start_from_memory="yes")

@@ -281,3 +281,48 @@ def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_
     state = tick._State.from_cursor(cursor)
     (mine,) = tick.job_views(third, SchedulerSettings(), tick.current_schedule(third, state, p), state, p)[0]
     assert mine.model_obs == () and mine.throughput_obs == own
+
+
+def test_the_step_times_a_job_measured_after_the_last_tick_are_remembered_when_it_finishes():
+    """a was seen once, before it measured anything; it re-tuned its batch and finished before the next tick.
+    That tick reads its progress (``progress_wanted``: finished, and seen by the last tick) and remembers its
+    step times for b, the next job of its model; a job the last tick did not see is not read."""
+    from ones_pipeline.core.types import ThroughputObs
+    from ones_pipeline.scheduler import progress_wanted, tick
+    from ones_pipeline.scheduler.runs import ProgressInfo, TickPlan
+
+    first = TickInputs(now=100.0, specs={"a": spec("a")}, finished=frozenset(), runs=[], progress={},
+                       slot_ids=(0, 1), cluster=Cluster((2,)), cursor={})
+    cursor = json.loads(json.dumps(plan_tick(first, SchedulerSettings(params={"generations": 5})).cursor))
+    assert cursor["viewed"] == ["a"] and cursor["model_obs"] == {}
+    specs = {"a": spec("a"), "b": spec("b"), "old": spec("old")}
+    finished = frozenset({"a", "old"})
+    assert progress_wanted(specs, finished, cursor) == {"a", "b"}
+    assert progress_wanted(specs, finished, {}) == {"b"}
+    obs = (ThroughputObs(2, 1, 32, 0.005, 0.001), ThroughputObs(2, 1, 256, 0.02, 0.001))
+    second = TickInputs(now=200.0, specs=specs, finished=finished, runs=[],
+                        progress={"a": ProgressInfo(samples_done=9_000.0, throughput_obs=obs)}, slot_ids=(0, 1),
+                        cluster=Cluster((2,)), cursor=cursor)
+    state, p = tick._State.from_cursor(cursor), TickPlan()
+    views, _ = tick.job_views(second, SchedulerSettings(), tick.current_schedule(second, state, p), state, p)
+    assert [v.name for v in views] == ["b"] and views[0].model_obs == obs
+    assert plan_tick(second, SchedulerSettings(params={"generations": 5})).cursor["viewed"] == ["b"]
+
+
+def test_the_tick_remembers_the_noise_scale_a_model_measured_earliest_for_its_next_jobs():
+    from ones_pipeline.core.types import ThroughputObs
+    from ones_pipeline.scheduler import tick
+    from ones_pipeline.scheduler.runs import ProgressInfo, TickPlan
+
+    obs = (ThroughputObs(1, 1, 32, 0.004, 0.0),)
+    first = TickInputs(now=100.0, specs={"a": spec("a"), "b": spec("b")}, finished=frozenset(), runs=[],
+                       progress={"a": ProgressInfo(samples_done=5_000.0, throughput_obs=obs, grad_noise_scale=90.0),
+                                 "b": ProgressInfo(samples_done=640.0, throughput_obs=obs, grad_noise_scale=30.0)},
+                       slot_ids=(0, 1), cluster=Cluster((2,)), cursor={})
+    cursor = json.loads(json.dumps(plan_tick(first, SchedulerSettings(params={"generations": 5})).cursor))
+    assert cursor["model_gns"] == {"mlp-digits": [640.0, 30.0]}  # b measured it earlier in its training
+    second = TickInputs(now=200.0, specs={"c": spec("c")}, finished=frozenset(), runs=[], progress={},
+                        slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor)
+    state, p = tick._State.from_cursor(cursor), TickPlan()
+    (view,) = tick.job_views(second, SchedulerSettings(), tick.current_schedule(second, state, p), state, p)[0]
+    assert view.model_gns == 30.0 and view.model_obs == obs and view.grad_noise_scale is None

@@ -3,7 +3,11 @@
 A job that has not measured anything yet is valued by the step times its model's earlier jobs measured
 (``core.estimates.fitted_params``), not by the generic prior. The memory keeps one row per configuration
 (GPUs, nodes, per-GPU batch), the newest measurement of each, and at most ``MODEL_OBS_KEPT`` rows per model
-(the oldest configuration goes first). The live scheduler (``scheduler.tick``, rows stored in its sensor
+(the oldest configuration goes first). With them, the gradient noise scale the model's jobs measured earliest
+in their training (``remember_noise``: the one at the fewest samples; the noise scale grows as training goes
+on, so that is what a new job will measure first), so a new job can start at the batch its model's step times
+and that noise scale make goodput-optimal (``JobView.model_gns``, ``ones``' ``start_from_memory``). The live
+scheduler (``scheduler.tick``, rows stored in its sensor
 cursor) and the simulator (``sim.engine``) keep it by these same functions, so a simulated policy sees what a
 live one would.
 """
@@ -34,3 +38,20 @@ def recalled(memory: MutableMapping[str, list[Row]], model: str) -> tuple[Throug
     """The remembered step times of ``model`` (oldest first), as observations."""
     return tuple(ThroughputObs(int(g), int(n), int(b), float(t), float(s))
                  for g, n, b, t, s in memory.get(model, []))
+
+
+def remember_noise(noise: MutableMapping[str, list[float]], model: str, samples_done: float,
+                   grad_noise_scale: float | None) -> None:
+    """Keep ``grad_noise_scale``, measured after ``samples_done`` samples, as ``model``'s noise scale when it
+    was measured earlier in training than the one kept (``noise``: model -> [samples, noise scale])."""
+    if grad_noise_scale is None or not grad_noise_scale > 0:
+        return
+    kept = noise.get(model)
+    if kept is None or float(samples_done) < kept[0]:
+        noise[model] = [float(samples_done), float(grad_noise_scale)]
+
+
+def recalled_noise(noise: MutableMapping[str, list[float]], model: str) -> float | None:
+    """The noise scale ``remember_noise`` kept for ``model`` (None: none measured)."""
+    kept = noise.get(model)
+    return None if kept is None else float(kept[1])

@@ -375,6 +375,9 @@ class JobView:
     # Step times earlier jobs of the same model measured (the live scheduler remembers them): the estimates
     # of a job that has measured nothing of its own, when no active job of its model has either.
     model_obs: tuple[ThroughputObs, ...] = ()
+    # ... and the noise scale they measured earliest in their training (``core.model_memory.remember_noise``);
+    # None: none remembered, or the job has measured its own steps.
+    model_gns: float | None = None
 
     @property
     def name(self) -> str:

@@ -35,7 +35,7 @@ from ones_pipeline.defs.apply import apply_job, apply_request
 from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JOB_NAME, report_job, train_job
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_jobs, job_run_infos
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
-from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, TickPlan, plan_tick
+from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, TickPlan, plan_tick, progress_wanted
 
 SENSOR_NAME = "ones_scheduler_sensor"
 
@@ -163,7 +163,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         return dg.SensorResult(skip_reason=f"slot inventory unavailable: {exc}; nothing changed this tick",
                                cursor=context.cursor)
     inputs = TickInputs(now=now, specs=specs, finished=frozenset(finished), runs=runs,
-                        progress=_progress(context, mlflow, set(specs) - finished), slot_ids=slots.slot_ids,
+                        progress=_progress(context, mlflow, progress_wanted(specs, finished, cursor)),
+                        slot_ids=slots.slot_ids,
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind,
                         policy_state=_saved_policy_state(context, env, cursor))
     plan = plan_tick(inputs, SchedulerSettings.from_env(env))

@@ -14,7 +14,8 @@ from ones_pipeline.scheduler.runs import (
     slot_tag,
 )
 from ones_pipeline.scheduler.settings import SchedulerSettings
-from ones_pipeline.scheduler.tick import TickInputs, plan_tick
+from ones_pipeline.scheduler.tick import TickInputs, plan_tick, progress_wanted
 
 __all__ = ["IN_FLIGHT", "TAG_JOB", "TAG_MANAGED", "Cancel", "Decision", "Launch", "ProgressInfo", "RunAllocation",
-           "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "slot_tag"]
+           "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "progress_wanted",
+           "slot_tag"]

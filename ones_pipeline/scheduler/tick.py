@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,12 +83,15 @@ class _State:
     cancelling: dict[str, float] = field(default_factory=dict)  # run id -> when a committed tick cancelled it
     # model -> step times its jobs measured, [GPUs, nodes, per-GPU batch, step s, sync s] rows, newest last
     model_obs: dict[str, list[list[float]]] = field(default_factory=dict)
+    # model -> [samples, noise scale]: the noise scale its jobs measured earliest in their training
+    model_gns: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
         return cls(dict(cursor.get("submit", {})), dict(cursor.get("spec_hash", {})), dict(cursor.get("failed", {})),
                    dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})),
-                   {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()})
+                   {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()},
+                   {m: list(v) for m, v in cursor.get("model_gns", {}).items()})
 
     def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
         """Keep ``obs`` as the newest step times of ``model`` (``core.model_memory.remember``)."""
@@ -96,6 +99,13 @@ class _State:
 
     def prior_obs(self, model: str) -> tuple[ThroughputObs, ...]:
         return model_memory.recalled(self.model_obs, model)
+
+    def remember_noise(self, model: str, samples_done: float, gns: float | None) -> None:
+        """Keep ``gns`` when measured earlier in training than ``model``'s kept one (``remember_noise``)."""
+        model_memory.remember_noise(self.model_gns, model, samples_done, gns)
+
+    def prior_gns(self, model: str) -> float | None:
+        return model_memory.recalled_noise(self.model_gns, model)
 
 
 @dataclass
@@ -122,8 +132,16 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
-    plan.cursor = _cursor(inputs, policy, state)
+    plan.cursor = _cursor(inputs, policy, state, [v.name for v in views])
     return plan
+
+
+def progress_wanted(specs: Mapping[str, Any], finished: Iterable[str], cursor: Mapping[str, Any]) -> set[str]:
+    """The jobs whose progress a tick reads from MLflow: every unfinished job, and the jobs the last tick's
+    policy saw that have finished since (cursor ``viewed``), so that the step times they measured after
+    that tick (a short job re-tunes its batch several times in one tick) are remembered for their model's
+    next jobs (``job_views``) before they leave the view."""
+    return (set(specs) - set(finished)) | (set(finished) & set(cursor.get("viewed", ())) & set(specs))
 
 
 def _cancel_pending(inputs: TickInputs, state: _State, run_id: str) -> bool:
@@ -180,6 +198,7 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
     for job, pr in inputs.progress.items():  # remembered for later jobs of the same model
         if pr.throughput_obs and job in inputs.specs:
             state.remember(inputs.specs[job].model, pr.throughput_obs)
+            state.remember_noise(inputs.specs[job].model, pr.samples_done, pr.grad_noise_scale)
     for job, spec in inputs.specs.items():
         if job in inputs.finished or job in state.failed:
             continue
@@ -236,7 +255,8 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         last_change_s=(cur.start_s or cur.created_s) if cur else None,
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
         max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0),
-        model_obs=() if pr.throughput_obs else state.prior_obs(spec.model))
+        model_obs=() if pr.throughput_obs else state.prior_obs(spec.model),
+        model_gns=None if pr.throughput_obs else state.prior_gns(spec.model))
 
 
 def policy_ref(state: Mapping[str, Any]) -> str:
@@ -388,7 +408,7 @@ def waiting_jobs(inputs: TickInputs, new: Schedule, active: Sequence[str]) -> di
     return {job: waiting_reason(job, holders, free, inputs.device) for job in active if job not in holders}
 
 
-def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]:
+def _cursor(inputs: TickInputs, policy: Policy, state: _State, viewed: Sequence[str] = ()) -> dict[str, Any]:
     live_jobs = set(inputs.specs) | set(inputs.finished)
     return {
         "version": CURSOR_VERSION,
@@ -398,4 +418,6 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State) -> dict[str, Any]
         "launch_epochs": {j: e for j, e in state.launch_epochs.items() if j in inputs.specs},
         "cancelling": {r: t for r, t in state.cancelling.items() if inputs.now - t < CANCEL_PENDING_S},
         "model_obs": state.model_obs,
+        "model_gns": state.model_gns,
+        "viewed": sorted(viewed),  # jobs this tick's policy saw: the next tick reads the finished ones' progress
     }

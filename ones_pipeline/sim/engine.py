@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ones_pipeline.core import model_memory
-from ones_pipeline.core.goodput import job_batch
+from ones_pipeline.core.goodput import batch_limits, job_batch, split_for
 from ones_pipeline.core.policies import Policy
 from ones_pipeline.core.types import (
     Allocation,
@@ -153,8 +153,9 @@ class _Running:
         self.gns: float | None = None  # gradient noise scale the job measured where it last ran
         self.tuned: tuple[int, int] | None = None  # (micro-batch, accum steps) the job chose itself
 
-    def view(self, memory: dict[str, list] | None = None) -> JobView:
+    def view(self, memory: _ModelMemory | None = None) -> JobView:
         """The policy's view; ``memory``: the model memory, recalled when the job has measured nothing."""
+        recall = memory is not None and not self.obs
         return JobView(
             spec=self.spec, status=self.status, submit_time_s=self.spec.submit_time_s,
             samples_done=self.samples, progress_samples=self.progress,
@@ -165,8 +166,23 @@ class _Running:
             attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
             last_change_s=self.last_change_s, epochs_at_last_change=self.epochs_at_change,
             max_gpus_seen=self.max_gpus_seen,
-            model_obs=model_memory.recalled(memory, self.spec.model) if memory is not None and not self.obs else (),
+            model_obs=model_memory.recalled(memory.obs, self.spec.model) if recall else (),
+            model_gns=model_memory.recalled_noise(memory.noise, self.spec.model) if recall else None,
         )
+
+
+@dataclass
+class _ModelMemory:
+    """What the jobs of each model measured, kept for the model's next jobs as the live tick keeps it
+    (``core.model_memory``): step times per configuration, and the noise scale measured earliest in training."""
+
+    obs: dict[str, list] = field(default_factory=dict)
+    noise: dict[str, list[float]] = field(default_factory=dict)
+
+    def remember(self, r: _Running) -> None:
+        if r.obs:
+            model_memory.remember(self.obs, r.spec.model, r.obs.values())
+        model_memory.remember_noise(self.noise, r.spec.model, r.samples, r.gns)
 
 
 def _split(job: _Running) -> tuple[int, int, int]:
@@ -215,7 +231,15 @@ def _retune(job: _Running, cluster: Cluster) -> None:
         job.tuned = None
         return
     placement = cluster.placement(alloc.gpus)
-    micro, accum = job_batch(job.spec, tuple(job.obs.values()), job.gns, len(placement), alloc.num_gpus)
+    n = alloc.num_gpus
+    micro, accum = job_batch(job.spec, tuple(job.obs.values()), job.gns, len(placement), n)
+    if not job.obs and n * micro * (accum + 1) != alloc.global_batch:
+        # Nothing measured yet: the job trains at the batch it was started with, as the live trainer does
+        # (``train.batch_tuning``: it re-tunes from its own step times only), e.g. one a policy picked from
+        # what its model's earlier jobs measured (``ones``' ``start_from_memory``).
+        m0, top, _, hi_micro = batch_limits(job.spec)
+        m, a = split_for(min(float(alloc.global_batch), top), n, hi_micro, m0)
+        micro, accum = int(m), int(a)
     job.tuned = (micro, accum)
     batch = alloc.num_gpus * micro * (accum + 1)
     if batch != alloc.global_batch:
@@ -250,7 +274,7 @@ def simulate(
     busy_gpu_s = 0.0
     decide_s: list[float] = []
     schedule = Schedule()
-    memory: dict[str, list] | None = {} if config.model_memory else None  # model -> remembered step times
+    memory = _ModelMemory() if config.model_memory else None
     now = math.floor(jobs[0].spec.submit_time_s / interval) * interval
 
     while finished < len(jobs):
@@ -271,7 +295,7 @@ def simulate(
         new_schedule = _decide(policy, now, cluster, active, schedule, specs, decide_s, memory)
         _apply(active, new_schedule, now, cluster, config, timeline)
         end = now + interval
-        active, done, busy_gpu_s = _run_round(active, now, end, cluster, config, timeline, busy_gpu_s)
+        active, done, busy_gpu_s = _run_round(active, now, end, cluster, config, timeline, busy_gpu_s, memory)
         finished += done
         schedule = Schedule({r.spec.name: r.alloc for r in active if r.alloc is not None})
         now = end
@@ -284,14 +308,13 @@ def simulate(
 
 
 def _decide(policy: Policy, now: float, cluster: Cluster, active: Sequence[_Running], schedule: Schedule,
-            specs: Mapping[str, JobSpec], decide_s: list[float], memory: dict[str, list] | None = None) -> Schedule:
+            specs: Mapping[str, JobSpec], decide_s: list[float], memory: _ModelMemory | None = None) -> Schedule:
     """The policy's schedule for this round (its wall time appended to ``decide_s``), checked: only active
     jobs, no GPU twice, caps respected; RuntimeError otherwise. ``memory`` (model memory, or None): first
     updated with every active job's step times, as the live scheduler's tick does."""
     if memory is not None:
         for r in active:
-            if r.obs:
-                model_memory.remember(memory, r.spec.model, r.obs.values())
+            memory.remember(r)
     views = [r.view(memory) for r in active]
     t0 = _time.perf_counter()
     new_schedule = policy.decide(now, cluster, views, schedule)
@@ -341,10 +364,11 @@ def _apply(active: Sequence[_Running], new_schedule: Schedule, now: float, clust
 
 
 def _run_round(active: Sequence[_Running], now: float, end: float, cluster: Cluster, config: SimConfig,
-               timeline: list[tuple[float, str, int]], busy_gpu_s: float) -> tuple[list[_Running], int, float]:
+               timeline: list[tuple[float, str, int]], busy_gpu_s: float,
+               memory: _ModelMemory | None = None) -> tuple[list[_Running], int, float]:
     """Advance every running job from ``now`` to ``end``: ``(jobs still active, jobs that finished, busy
     GPU-seconds so far)``, the busy GPU-seconds added job by job to ``busy_gpu_s``; finished jobs are
-    recorded in ``timeline``."""
+    recorded in ``timeline`` and, with ``memory``, remembered for their model's next jobs."""
     still: list[_Running] = []
     finished = 0
     for r in active:
@@ -366,6 +390,8 @@ def _run_round(active: Sequence[_Running], now: float, end: float, cluster: Clus
             r.status = JobStatus.FINISHED
             timeline.append((held_until, r.spec.name, 0))
             finished += 1
+            if memory is not None:  # what it measured since the last decision, as the live tick reads a job
+                memory.remember(r)  # that finished since its last tick (``scheduler.tick.progress_wanted``)
         else:
             still.append(r)
     return still, finished, busy_gpu_s

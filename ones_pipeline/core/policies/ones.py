@@ -48,6 +48,7 @@ from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
     current_goodput,
     fixed_batch_table,
+    memory_views,
     placed_goodput,
     pooled_views,
     scale_limits,
@@ -133,6 +134,8 @@ class OnesParams(PolicyParams):
     a network it has not measured; "all": a job that has measured nothing yet too, with the noise scale of
     its model's least-progressed measured job. Each job still tunes its batch on its own steps. It assumes
     that jobs with one model name have one step-time model (same code, same kind of GPU).
+    ``start_from_memory`` (with ``job_batch``): a job that has measured nothing is valued, and started, by what
+    its model's earlier jobs measured (``ones_goodput.memory_views``), not at the smallest batch.
     """
 
     policy = "ones"
@@ -171,6 +174,7 @@ class OnesParams(PolicyParams):
     tail_chain_plain: float = 0.3
     wait_weight: float | None = 1.0
     pool_model_obs: bool | str = False
+    start_from_memory: bool = False
 
     @property
     def hold_s(self) -> float:
@@ -232,6 +236,7 @@ class OnesParams(PolicyParams):
                          check_float(n, "wait_weight", self.wait_weight, 0.0, strict_min=True)),
             pool_model_obs=(self.pool_model_obs if self.pool_model_obs == "all"
                             else check_bool(n, "pool_model_obs", self.pool_model_obs)),
+            start_from_memory=check_bool(n, "start_from_memory", self.start_from_memory),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -302,6 +307,8 @@ class OnesPolicy(PolicyBase):
         if not jobs:
             self.population = {}
             return Schedule()
+        if self.config.start_from_memory and self.config.job_batch:
+            jobs = memory_views(jobs)  # valued and started as their model's earlier jobs measured
         ctx, batches = self._context(cluster, jobs, current, now_s)
         if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])

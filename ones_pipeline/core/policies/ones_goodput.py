@@ -62,6 +62,21 @@ def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobVie
     return out
 
 
+def memory_views(jobs: Sequence[JobView]) -> list[JobView]:
+    """``jobs`` with each job that has measured nothing yet, but whose model's earlier jobs have
+    (``JobView.model_obs`` and ``model_gns``, ``core.model_memory``), given those step times and that noise
+    scale as its own: the scheduler values it as they measured, and ``tuned_schedule`` starts it at the batch
+    ``core.goodput.job_batch`` picks from them (the job then re-tunes from its own step times). A job with
+    measurements of its own, or whose model has none remembered, is left as it is."""
+    out = []
+    for j in jobs:
+        if not j.throughput_obs and j.model_obs and j.model_gns is not None:
+            out.append(replace(j, throughput_obs=SharedObs(j.model_obs), grad_noise_scale=float(j.model_gns)))
+        else:
+            out.append(j)
+    return out
+
+
 def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
                      use_efficiency: bool, recipe_first: bool) -> np.ndarray:
     """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with, from
