@@ -134,8 +134,8 @@ class OnesParams(PolicyParams):
     a network it has not measured; "all": a job that has measured nothing yet too, with the noise scale of
     its model's least-progressed measured job. Each job still tunes its batch on its own steps. It assumes
     that jobs with one model name have one step-time model (same code, same kind of GPU).
-    ``start_from_memory`` (with ``job_batch``): a job that has measured nothing is valued, and started, by what
-    its model's earlier jobs measured (``ones_goodput.memory_views``), not at the smallest batch.
+    ``start_from_memory`` (default on; with ``job_batch``): a job that has measured nothing is valued, and
+    started, by what its model's earlier jobs measured (``ones_goodput.memory_views``), not at the smallest batch.
     """
 
     policy = "ones"
@@ -174,7 +174,7 @@ class OnesParams(PolicyParams):
     tail_chain_plain: float = 0.3
     wait_weight: float | None = 1.0
     pool_model_obs: bool | str = False
-    start_from_memory: bool = False
+    start_from_memory: bool = True
 
     @property
     def hold_s(self) -> float:
