@@ -164,8 +164,8 @@ def test_an_unmeasured_job_sees_its_models_earliest_noise_scale_and_trains_at_th
     recorder = _Recorder(_OneAtATimeTuned(batch_factor=4))
     simulate(_same_model_in_turn(), recorder, Cluster.uniform(1, 4), SimConfig(interval_s=10))
     first_c = next(v for v in recorder.views if v.name == "c")
-    earliest = min(((v.samples_done, v.grad_noise_scale) for v in recorder.views
-                    if v.name in "ab" and v.grad_noise_scale is not None))
+    earliest = min((v.samples_done, v.grad_noise_scale) for v in recorder.views
+                   if v.name in "ab" and v.grad_noise_scale is not None)
     assert first_c.model_gns == earliest[1]
     assert all(v.model_gns is None for v in recorder.views if v.throughput_obs)
     # Given 4x its per-GPU batch on 1 GPU before measuring anything, "a" trains at it (as the live trainer does),
