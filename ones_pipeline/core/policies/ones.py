@@ -135,7 +135,7 @@ class OnesParams(PolicyParams):
     its model's least-progressed measured job. Each job still tunes its batch on its own steps. It assumes
     that jobs with one model name have one step-time model (same code, same kind of GPU).
     ``start_from_memory`` (default on; with ``job_batch``): a job that has measured nothing is valued, and
-    started, by what its model's earlier jobs measured (``ones_goodput.memory_views``), not at the smallest batch.
+    started (``"batch"``: only started) as its model's earlier jobs measured (``memory_views``), not at its least batch.
     """
 
     policy = "ones"
@@ -174,7 +174,7 @@ class OnesParams(PolicyParams):
     tail_chain_plain: float = 0.3
     wait_weight: float | None = 1.0
     pool_model_obs: bool | str = False
-    start_from_memory: bool = True
+    start_from_memory: bool | str = True
 
     @property
     def hold_s(self) -> float:
@@ -236,7 +236,8 @@ class OnesParams(PolicyParams):
                          check_float(n, "wait_weight", self.wait_weight, 0.0, strict_min=True)),
             pool_model_obs=(self.pool_model_obs if self.pool_model_obs == "all"
                             else check_bool(n, "pool_model_obs", self.pool_model_obs)),
-            start_from_memory=check_bool(n, "start_from_memory", self.start_from_memory),
+            start_from_memory=(self.start_from_memory if self.start_from_memory == "batch"
+                               else check_bool(n, "start_from_memory", self.start_from_memory)),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -307,8 +308,8 @@ class OnesPolicy(PolicyBase):
         if not jobs:
             self.population = {}
             return Schedule()
-        if self.config.start_from_memory and self.config.job_batch:
-            jobs = memory_views(jobs)  # valued and started as their model's earlier jobs measured
+        started = memory_views(jobs) if self.config.start_from_memory and self.config.job_batch else jobs
+        jobs = jobs if self.config.start_from_memory == "batch" else started  # "batch": started by it, not valued
         ctx, batches = self._context(cluster, jobs, current, now_s)
         if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
@@ -325,7 +326,7 @@ class OnesPolicy(PolicyBase):
                                         self.config.consolidate_moves)
         if not self.config.job_batch:
             return schedule
-        return tuned_schedule(cluster, jobs, schedule, current, self.config.recipe_first)
+        return tuned_schedule(cluster, started, schedule, current, self.config.recipe_first)
 
     def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
                  now_s: float) -> tuple[_Ctx, np.ndarray]:
