@@ -180,9 +180,10 @@ class _ModelMemory:
     noise: dict[str, list[float]] = field(default_factory=dict)
 
     def remember(self, r: _Running) -> None:
-        if r.obs:
+        """What ``r`` has measured, as ``scheduler.tick.job_views`` remembers a job that reports step times."""
+        if r.obs:  # a job reports its noise scale with its first step times (``_advance``), never before
             model_memory.remember(self.obs, r.spec.model, r.obs.values())
-        model_memory.remember_noise(self.noise, r.spec.model, r.samples, r.gns)
+            model_memory.remember_noise(self.noise, r.spec.model, r.samples, r.gns)
 
 
 def _split(job: _Running) -> tuple[int, int, int]:
@@ -241,7 +242,7 @@ def _retune(job: _Running, cluster: Cluster) -> None:
         m, a = split_for(min(float(alloc.global_batch), top), n, hi_micro, m0)
         micro, accum = int(m), int(a)
     job.tuned = (micro, accum)
-    batch = alloc.num_gpus * micro * (accum + 1)
+    batch = n * micro * (accum + 1)
     if batch != alloc.global_batch:
         job.alloc = replace(alloc, global_batch=batch, lr=lr_for_batch(job.spec, batch))
 
@@ -311,7 +312,7 @@ def _decide(policy: Policy, now: float, cluster: Cluster, active: Sequence[_Runn
             specs: Mapping[str, JobSpec], decide_s: list[float], memory: _ModelMemory | None = None) -> Schedule:
     """The policy's schedule for this round (its wall time appended to ``decide_s``), checked: only active
     jobs, no GPU twice, caps respected; RuntimeError otherwise. ``memory`` (model memory, or None): first
-    updated with every active job's step times, as the live scheduler's tick does."""
+    updated with every active job's step times and noise scale, as the live scheduler's tick does."""
     if memory is not None:
         for r in active:
             memory.remember(r)
