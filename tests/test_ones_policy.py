@@ -788,3 +788,30 @@ def test_start_from_memory_starts_a_new_job_at_the_batch_its_models_earlier_jobs
     assert min(batches[True], batches["batch"]) >= 4 * batches[False]  # not the smallest, from which it would climb
     with pytest.raises(ValueError, match="start_from_memory"):
         OnesPolicy(start_from_memory="yes")
+
+
+def test_fill_from_memory_values_a_job_where_it_has_not_run_by_what_its_models_earlier_jobs_measured():
+    from ones_pipeline.core.policies.ones_goodput import memory_filled_views
+    # "a" has run on 1 and 4 GPUs in one node and on 8 over two nodes, where the all-reduce was slow: fitted to
+    # that alone, 16 GPUs over four nodes look worse than 4. Its model's earlier jobs measured 16 over four
+    # nodes fast, and 4 GPUs slower than "a" did (its own step times count where it has run).
+    own = (ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(4, 1, 32, 0.12, 0.02), ThroughputObs(8, 2, 32, 0.60, 0.50))
+    mem = (ThroughputObs(4, 1, 32, 0.50, 0.40), ThroughputObs(16, 4, 32, 0.13, 0.03))
+    a = dataclasses.replace(view("a", requested=4, obs=own), model_obs=mem)
+    new = dataclasses.replace(view("new", requested=4), model_obs=mem)  # unmeasured: ``memory_views``' business
+    alone = view("alone", obs=own)  # nothing remembered
+    fa, fnew, falone = memory_filled_views([a, new, alone])
+    assert fa.throughput_obs == own + mem[1:] and fa.spec is a.spec and fa.grad_noise_scale == a.grad_noise_scale
+    assert fnew is new and falone is alone
+    cluster = Cluster.uniform(4, 4)
+    tables = {fill: OnesPolicy(seed=0)._context(cluster, [fa] if fill else [a], Schedule(), 0.0)[0].table[0]
+              for fill in (False, True)}
+    assert tables[False][16] < tables[False][4] < tables[True][16]
+    assert tables[True][[1, 4]] == pytest.approx(tables[False][[1, 4]], rel=0.01)  # where it ran: its own times
+    gpus = {fill: OnesPolicy(seed=0, fill_from_memory=fill).decide(0.0, cluster, [a], Schedule()).allocations["a"]
+            for fill in (False, True)}
+    assert gpus[False].num_gpus == 4 and gpus[True].num_gpus == 16
+    # the job still tunes its batch on its own steps: the allocation is the job's to tune either way
+    assert gpus[True].batch_tuned_by_job and gpus[False].batch_tuned_by_job
+    with pytest.raises(ValueError, match="fill_from_memory"):
+        OnesPolicy(fill_from_memory="yes")

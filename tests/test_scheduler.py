@@ -273,14 +273,17 @@ def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_
     fitted = estimates.fitted_params([view]).as_array().ravel()
     assert fitted.tolist() == tp.fit_params(obs).as_array().ravel().tolist()  # the fit of a's step times
     assert fitted.tolist() != tp.DEFAULT_PARAMS.as_array().ravel().tolist()
-    # A job that has measured its own steps is estimated from those alone.
+    # A job that has measured its own steps is estimated from those alone; it still carries its model's step
+    # times (``ones`` values it by them where it has not run: ``fill_from_memory``), not its model's noise scale.
     own = (ThroughputObs(1, 1, 32, 0.5, 0.0),)
     third = TickInputs(now=300.0, specs={"b": spec("b")}, finished=frozenset(), runs=[],
                        progress={"b": ProgressInfo(samples_done=32.0, throughput_obs=own)}, slot_ids=(0, 1),
                        cluster=Cluster((2,)), cursor=cursor)
     state = tick._State.from_cursor(cursor)
     (mine,) = tick.job_views(third, SchedulerSettings(), tick.current_schedule(third, state, p), state, p)[0]
-    assert mine.model_obs == () and mine.throughput_obs == own
+    assert mine.throughput_obs == own and mine.model_gns is None
+    assert mine.model_obs == (obs[1], own[0])  # the memory, with b's newer step times on 1 GPU (oldest first)
+    assert estimates.fitted_params([mine]).as_array().ravel().tolist() == tp.fit_params(own).as_array().ravel().tolist()
 
 
 def test_the_step_times_a_job_measured_after_the_last_tick_are_remembered_when_it_finishes():

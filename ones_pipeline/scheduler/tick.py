@@ -255,7 +255,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         last_change_s=(cur.start_s or cur.created_s) if cur else None,
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
         max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0),
-        model_obs=() if pr.throughput_obs else state.prior_obs(spec.model),
+        model_obs=state.prior_obs(spec.model),
         model_gns=None if pr.throughput_obs else state.prior_gns(spec.model))
 
 

@@ -154,7 +154,8 @@ class _Running:
         self.tuned: tuple[int, int] | None = None  # (micro-batch, accum steps) the job chose itself
 
     def view(self, memory: _ModelMemory | None = None) -> JobView:
-        """The policy's view; ``memory``: the model memory, recalled when the job has measured nothing."""
+        """The policy's view; ``memory``: the model memory (its step times always, its noise scale only while
+        the job has measured nothing), as the live tick's views carry it."""
         recall = memory is not None and not self.obs
         return JobView(
             spec=self.spec, status=self.status, submit_time_s=self.spec.submit_time_s,
@@ -166,7 +167,7 @@ class _Running:
             attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
             last_change_s=self.last_change_s, epochs_at_last_change=self.epochs_at_change,
             max_gpus_seen=self.max_gpus_seen,
-            model_obs=model_memory.recalled(memory.obs, self.spec.model) if recall else (),
+            model_obs=model_memory.recalled(memory.obs, self.spec.model) if memory is not None else (),
             model_gns=model_memory.recalled_noise(memory.noise, self.spec.model) if recall else None,
         )
 

@@ -48,6 +48,7 @@ from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
     current_goodput,
     fixed_batch_table,
+    memory_filled_views,
     memory_views,
     placed_goodput,
     pooled_views,
@@ -97,27 +98,24 @@ class OnesParams(PolicyParams):
     job's goodput on the nodes it really gets; the best of them is taken (the search assumes
     consolidated placements, which a fragmented cluster may not give). ``consolidate_moves``: a growing
     job moves to a fresh placement when that spans fewer nodes (``place_counts``'s ``consolidate``).
-    ``unmeasured_gpus`` (null, ``"request"`` or a count): a job that has measured no step time yet gets at
-    most its request (that count); before its first measurement the step-time model is a guess.
-    ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the
-    late jobs' leftover GPU-time least first (``OnesContext._srpt_tail``), which adds shortest-remaining
-    pressure among long jobs; its terms then depend on one another, so ``job_costs`` (and the marginal seed)
-    only approximate the fitness. ``tail_chain`` (default on; not with ``tail_srpt``): a job still running at
-    the horizon finishes its leftover no earlier than alone at its fastest goodput, nor than its place in a least-first
-    queue of the late jobs' leftover GPU-time at their most GPU-efficient size on the whole cluster
+    ``unmeasured_gpus`` (null, ``"request"`` or a count): a job that has measured no step time gets at most that.
+    ``tail_srpt``: a job still running at the horizon finishes no earlier than the cluster can serve the late
+    jobs' leftover GPU-time least first (``OnesContext._srpt_tail``; ``job_costs`` then approximate).
+    ``tail_chain`` (default on; not with ``tail_srpt``): a job still running at the horizon finishes its
+    leftover no earlier than alone at its fastest goodput, nor than its place in a least-first queue of the
+    late jobs' leftover GPU-time at their most GPU-efficient size on the whole cluster
     (``OnesContext._chain_tail``: the lower bound's two relaxations, applied at the horizon); its terms
     depend on one another too. ``tail_chain_plain`` a in [0, 1] (with ``tail_chain``; default 0.3): a late
     job's leftover counts (1 - a) x the chain's estimate plus a x the plain one (its leftover at its
     request's goodput), so the progress of the late job with the most left keeps a share of its plain value
-    and it is not deferred without end. ``keep_unless_better``: after the search, changes to running jobs' counts
-    are undone one at a time while that leaves the fitness no worse (``_keep_unless_better``).
+    and it is not deferred without end. ``keep_unless_better``: after the search, changes to running jobs'
+    counts are undone one at a time while the fitness stays no worse.
     ``hesrpt`` (null, a speedup exponent p in [0, 0.98], or "auto": each job's own from its goodput table):
     the fitness weighs jobs by heSRPT's marginal values (Berg et al. 2020: the optimal sharing of a cluster
     among jobs that all speed up as ``n ** p``), so that the jobs with the least work left count the most;
     ``hesrpt_scope`` "all": a weighted sum of every job's completion time (``OnesContext.job_weights``);
     "late": only the leftover of jobs still running at the horizon is weighted (``_late_weights``);
-    ``hesrpt_floor`` (scope "all"): no job's weight below that fraction of the largest, so that the jobs with
-    the most work left are not deferred without end (the tail).
+    ``hesrpt_floor`` (scope "all"): no job's weight below that fraction of the largest (the tail).
     ``min_hold_s`` (0: off): a running job whose GPU count this policy changed (or which it started) less than
     this long ago keeps that count (``OnesContext.lock``), so that a job is not started, stopped and started
     again on consecutive rounds, paying a restart each time. Null (the default): ``HOLD_PER_CHARGE`` x
@@ -126,16 +124,14 @@ class OnesParams(PolicyParams):
     ``wait_weight`` k (default 1; null: off): each job's completion term counts ``1 + waited / (k x left)`` times,
     ``waited`` the time since its submission that it has held no GPUs (queued or paused) and ``left`` its
     predicted time left at its requested count, so that a job kept waiting long against its own size is not
-    deferred again and again for jobs that would finish sooner (the tail of an overloaded trace); a job that
-    has been running all along gains no weight, however old.
-    ``pool_model_obs`` (default false): the scheduler values each measured job by the step times of every
-    job of its model (``spec.model``; one observation per configuration, ``ones_goodput.pooled_views``),
-    not by its own alone, so a job that has run on one GPU is not valued on four by the optimistic prior of
-    a network it has not measured; "all": a job that has measured nothing yet too, with the noise scale of
-    its model's least-progressed measured job. Each job still tunes its batch on its own steps. It assumes
-    that jobs with one model name have one step-time model (same code, same kind of GPU).
+    deferred again and again for jobs that would finish sooner (the tail of an overloaded trace).
+    ``pool_model_obs`` (default false): each measured job is valued by the step times of every active job of
+    its model (one per configuration, ``ones_goodput.pooled_views``), not its own alone; "all": an unmeasured
+    job too, with the noise scale of its model's least-progressed measured job.
     ``start_from_memory`` (default on; with ``job_batch``): a job that has measured nothing is valued, and
     started (``"batch"``: only started) as its model's earlier jobs measured (``memory_views``), not at its least batch.
+    ``fill_from_memory`` (default on; with ``job_batch``): a measured job is valued by its own step times plus
+    those its model's earlier jobs measured in configurations it has not run in (``memory_filled_views``).
     """
 
     policy = "ones"
@@ -175,6 +171,7 @@ class OnesParams(PolicyParams):
     wait_weight: float | None = 1.0
     pool_model_obs: bool | str = False
     start_from_memory: bool | str = True
+    fill_from_memory: bool = True
 
     @property
     def hold_s(self) -> float:
@@ -238,6 +235,7 @@ class OnesParams(PolicyParams):
                             else check_bool(n, "pool_model_obs", self.pool_model_obs)),
             start_from_memory=(self.start_from_memory if self.start_from_memory == "batch"
                                else check_bool(n, "start_from_memory", self.start_from_memory)),
+            fill_from_memory=check_bool(n, "fill_from_memory", self.fill_from_memory),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -310,6 +308,8 @@ class OnesPolicy(PolicyBase):
             return Schedule()
         started = memory_views(jobs) if self.config.start_from_memory and self.config.job_batch else jobs
         jobs = jobs if self.config.start_from_memory == "batch" else started  # "batch": started by it, not valued
+        if self.config.fill_from_memory and self.config.job_batch:  # valued, not started, by what others measured
+            jobs = memory_filled_views(jobs)
         ctx, batches = self._context(cluster, jobs, current, now_s)
         if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])

@@ -77,6 +77,26 @@ def memory_views(jobs: Sequence[JobView]) -> list[JobView]:
     return out
 
 
+def memory_filled_views(jobs: Sequence[JobView]) -> list[JobView]:
+    """``jobs`` with each job that has measured step times of its own given, after them, those its model's
+    earlier jobs measured (``JobView.model_obs``) in configurations (GPUs, nodes, per-GPU batch) it has not
+    run in itself. Fitted to its own few configurations alone, a job's step-time model extrapolates: a
+    yolov3 job that has run on 4 GPUs in one node and on 6 over two nodes, where the all-reduce was slow,
+    is valued at 16 GPUs over four nodes no better than at 4, though its model's earlier jobs measured 16
+    at about twice the goodput (``benchmarks/jct_by_model.py --detail 0.5:4 --trace yolov3-63``). The job
+    itself still tunes its batch on its own steps only. Jobs without step times, or without a memory, are
+    left as they are."""
+    out = []
+    for j in jobs:
+        if j.throughput_obs and j.model_obs:
+            own = {(o.num_gpus, o.num_nodes, o.per_gpu_batch) for o in j.throughput_obs}
+            extra = tuple(o for o in j.model_obs if (o.num_gpus, o.num_nodes, o.per_gpu_batch) not in own)
+            out.append(replace(j, throughput_obs=SharedObs(tuple(j.throughput_obs) + extra)) if extra else j)
+        else:
+            out.append(j)
+    return out
+
+
 def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
                      use_efficiency: bool, recipe_first: bool) -> np.ndarray:
     """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with, from
