@@ -21,7 +21,8 @@ progress: how close to linear each model scales, and when.
 
 ``--trace JOB`` (with ``--detail``): simulate the workload under ``ones`` alone and print, at every decision
 that saw that job, what ``ones`` valued it at: its progress, the noise scale and the GPU counts of the
-step times it was valued by (its own, or its model's memory before it has measured any), the goodput
+step times it was valued by (its own, and its model's memory where it has not run: ``start_from_memory``,
+``fill_from_memory``), the goodput
 ``ones`` predicts for it at 1, 2, 4, 8 and 16 GPUs (base-equivalent samples/s, the batch the job would pick
 there), the GPUs it held, the GPUs decided, whether the hold kept its count, and the GPUs left free.
 
@@ -154,7 +155,7 @@ class _Traced(OnesPolicy):
             held = ctx.lock is not None and bool(ctx.lock[i])
             free = cluster.num_gpus - sum(len(schedule.gpus_of(j.name)) for j in jobs)
             gns = "-" if view.grad_noise_scale is None else f"{view.grad_noise_scale:.3g}"
-            print(f"{now_s / 3600:6.2f} h  progress {view.progress_samples:9.3g}  noise scale {gns:>7}  measured at "
+            print(f"{now_s / 3600:6.2f} h  progress {view.progress_samples:9.3g}  noise scale {gns:>7}  step times at "
                   f"{sorted({o.num_gpus for o in view.throughput_obs})}  goodput at {self.GPUS} GPUs {rate}  "
                   f"GPUs {ctx.cur[i]} -> {len(schedule.gpus_of(self.job))}{'  (held)' if held else ''}  free {free}")
         return schedule
