@@ -19,7 +19,16 @@ import numpy as np
 
 from ones_pipeline.core import estimates
 from ones_pipeline.core import goodput as gp
-from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, SharedObs, lr_for_batch, obs_key
+from ones_pipeline.core.types import (
+    Allocation,
+    Cluster,
+    JobView,
+    Schedule,
+    SharedObs,
+    ThroughputObs,
+    lr_for_batch,
+    obs_key,
+)
 
 
 def node_counts(cluster: Cluster, max_n: int) -> np.ndarray:
@@ -30,6 +39,11 @@ def node_counts(cluster: Cluster, max_n: int) -> np.ndarray:
 
 def _measured(job: JobView) -> bool:
     return bool(job.throughput_obs) and job.grad_noise_scale is not None
+
+
+def _configuration(o: ThroughputObs) -> tuple[int, int, int]:
+    """Where a step time was measured: (GPUs, nodes, per-GPU batch), one row per key in the model memory."""
+    return o.num_gpus, o.num_nodes, o.per_gpu_batch
 
 
 def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobView]:
@@ -46,7 +60,7 @@ def pooled_views(jobs: Sequence[JobView], new_jobs: bool = False) -> list[JobVie
     for j in jobs:
         pool = pools.setdefault(j.spec.model, {})
         for o in j.throughput_obs:
-            pool.setdefault((o.num_gpus, o.num_nodes, o.per_gpu_batch), o)
+            pool.setdefault(_configuration(o), o)
         measured = j.throughput_obs and j.grad_noise_scale is not None
         if measured and (j.spec.model not in young or j.progress_samples < young[j.spec.model][0]):
             young[j.spec.model] = (j.progress_samples, float(j.grad_noise_scale))
@@ -83,14 +97,15 @@ def memory_filled_views(jobs: Sequence[JobView]) -> list[JobView]:
     run in itself. Fitted to its own few configurations alone, a job's step-time model extrapolates: a
     yolov3 job that has run on 4 GPUs in one node and on 6 over two nodes, where the all-reduce was slow,
     is valued at 16 GPUs over four nodes no better than at 4, though its model's earlier jobs measured 16
-    at about twice the goodput (``benchmarks/jct_by_model.py --detail 0.5:4 --trace yolov3-63``). The job
+    at about twice the goodput (``benchmarks/jct_by_model.py --detail 0.5:4 --trace yolov3-63 --params
+    '{"fill_from_memory": false}'``). The job
     itself still tunes its batch on its own steps only. Jobs without step times, or without a memory, are
     left as they are."""
     out = []
     for j in jobs:
         if j.throughput_obs and j.model_obs:
-            own = {(o.num_gpus, o.num_nodes, o.per_gpu_batch) for o in j.throughput_obs}
-            extra = tuple(o for o in j.model_obs if (o.num_gpus, o.num_nodes, o.per_gpu_batch) not in own)
+            own = {_configuration(o) for o in j.throughput_obs}
+            extra = tuple(o for o in j.model_obs if _configuration(o) not in own)
             out.append(replace(j, throughput_obs=SharedObs(tuple(j.throughput_obs) + extra)) if extra else j)
         else:
             out.append(j)
