@@ -37,7 +37,7 @@ import numpy as np
 from policy_quality import _config, workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
-from ones_pipeline.core.policies import ones_goodput
+from ones_pipeline.core.policies import make_policy, ones_goodput
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _batch_grid, _config_rate
 from ones_pipeline.sim.runner import run_one
@@ -146,8 +146,17 @@ def main() -> None:
         params = json.loads(args.params)
     except json.JSONDecodeError as exc:
         ap.error(f"--params: not JSON ({exc})")
+    if not isinstance(params, dict):
+        ap.error(f"--params: a JSON object of ones options, got {args.params!r}")
+    try:  # a bad option fails here, naming it, before anything runs
+        make_policy("ones", **params)
+    except (TypeError, ValueError) as exc:
+        ap.error(f"--params: {exc}")
     tokens = [w for w in args.workloads.split(",") if w]
-    labels = list(workloads(tokens))  # a bad token fails here, before anything runs
+    try:  # a bad token too
+        labels = list(workloads(tokens))
+    except (ValueError, KeyError) as exc:
+        ap.error(f"--workloads: {exc} (tokens: 1-8, 0.5:N, 1.5:N, L:N, ones50, ones400)")
     tasks = [(t, m, params, args.seed) for t in tokens for m in modes]
     with ProcessPoolExecutor(max(1, args.processes)) as pool:
         done = {(label, mode): (mean, per) for label, mode, mean, per in pool.map(_run, tasks)}
