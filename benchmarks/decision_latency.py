@@ -24,6 +24,7 @@ import time
 import tracemalloc
 
 import numpy as np
+from ones_options import ones_options  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.estimates import forget_fits
 from ones_pipeline.core.policies import make_policy
@@ -77,18 +78,7 @@ def main() -> None:
                         help='JSON object of ones options, also timed as the row "ones*"')
     args = parser.parse_args()
     policies = [p for p in args.policies.split(",") if p]
-    variant = None
-    if args.ones_params is not None:
-        try:
-            variant = json.loads(args.ones_params)
-        except json.JSONDecodeError as exc:
-            parser.error(f"--ones-params: not JSON ({exc})")
-        if not isinstance(variant, dict):
-            parser.error(f"--ones-params: a JSON object of ones options, got {args.ones_params!r}")
-        try:  # a bad option fails here, naming it, before anything is timed
-            make_policy("ones", **variant)
-        except (TypeError, ValueError) as exc:
-            parser.error(f"--ones-params: {exc}")
+    variant = None if args.ones_params is None else ones_options(parser, args.ones_params, "--ones-params")
     wanted = {int(g) for g in args.scales.split(",") if g}
     scales = [s for s in SCALES if s[0] in wanted]
     if not scales:

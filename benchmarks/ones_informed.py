@@ -27,17 +27,17 @@ workloads; with ``--per-model`` also each model's mean JCT.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
-from policy_quality import _config, workloads  # same folder (the script's folder is on sys.path)
+from ones_options import ones_options  # same folder (the script's folder is on sys.path)
+from policy_quality import _config, workloads
 
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
-from ones_pipeline.core.policies import make_policy, ones_goodput
+from ones_pipeline.core.policies import ones_goodput
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _batch_grid, _config_rate
 from ones_pipeline.sim.runner import run_one
@@ -142,16 +142,7 @@ def main() -> None:
     modes = ["ones"] + [m for m in args.modes.split(",") if m and m != "ones"]
     if bad := [m for m in modes if m not in MODES]:
         ap.error(f"--modes: {', '.join(bad)} not one of {', '.join(MODES[1:])}")
-    try:
-        params = json.loads(args.params)
-    except json.JSONDecodeError as exc:
-        ap.error(f"--params: not JSON ({exc})")
-    if not isinstance(params, dict):
-        ap.error(f"--params: a JSON object of ones options, got {args.params!r}")
-    try:  # a bad option fails here, naming it, before anything runs
-        make_policy("ones", **params)
-    except (TypeError, ValueError) as exc:
-        ap.error(f"--params: {exc}")
+    params = ones_options(ap, args.params, "--params")  # a bad option fails here, before anything runs
     tokens = [w for w in args.workloads.split(",") if w]
     try:  # a bad token too
         labels = list(workloads(tokens))

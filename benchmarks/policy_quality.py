@@ -35,6 +35,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+from ones_options import ones_options  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.types import Cluster
@@ -329,7 +330,8 @@ def main() -> None:
     specs = workloads([w for w in args.workloads.split(",") if w])
     policies = [p for p in args.policies.split(",") if p]
     published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}
-    records = _simulate(specs, policies, args.seed, args.processes, args.fresh, json.loads(args.ones_params))
+    records = _simulate(specs, policies, args.seed, args.processes, args.fresh,
+                        ones_options(parser, args.ones_params, "--ones-params"))
 
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
