@@ -30,19 +30,18 @@ import argparse
 import math
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
-from ones_options import ones_options  # same folder (the script's folder is on sys.path)
+from jct_by_model import CLUSTER  # same folder (the script's folder is on sys.path)
+from ones_options import ones_options
 from policy_quality import _config, workloads
 
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
 from ones_pipeline.core.policies import ones_goodput
-from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _batch_grid, _config_rate
 from ones_pipeline.sim.runner import run_one
 
-CLUSTER = Cluster.uniform(16, 4)
 MODES = ("ones", "throughput", "goodput")
 PROGRESS_STEPS = 400  # the efficiency is looked up at this many points along a job's training
 
@@ -118,12 +117,10 @@ def informed(truths: dict, mode: str, gpus_per_node: int):
 def _run(args: tuple) -> tuple[str, str, float, dict[str, float]]:
     token, mode, params, seed = args
     (label, spec), = workloads([token]).items()
-    if mode == "ones":
+    told = nullcontext() if mode == "ones" else informed(
+        {job.spec.name: job.truth for job in spec.load()}, mode, max(CLUSTER.gpus_per_node))
+    with told:
         res = run_one(spec, "ones", CLUSTER, _config(), seed, params)
-    else:
-        truths = {job.spec.name: job.truth for job in spec.load()}
-        with informed(truths, mode, max(CLUSTER.gpus_per_node)):
-            res = run_one(spec, "ones", CLUSTER, _config(), seed, params)
     per: dict[str, list[float]] = defaultdict(list)
     for j in res.jobs:
         per[j.model].append(j.jct_s)
