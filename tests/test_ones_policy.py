@@ -173,6 +173,7 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "hesrpt_floor", 1.5, "ones: hesrpt_floor must be a finite number >= 0.0 and <= 1.0, got 1.5"),
     (OnesParams, "min_hold_s", -1, "ones: min_hold_s must be a finite number >= 0.0, got -1"),
     (OnesParams, "wait_weight", 0, "ones: wait_weight must be a finite number > 0.0, got 0"),
+    (OnesParams, "start_on_freed", "yes", "ones: start_on_freed must be true or false"),
     (OnesPaperParams, "children", 0, "ones-paper: children must be an integer >= 1, got 0"),
     (OnesPaperParams, "removal_p", 2.0, "ones-paper: removal_p must be a finite number >= 0.0 and <= 1.0"),
     (OnesPaperParams, "max_scale", 0, "ones-paper: max_scale must be an integer >= 1"),
@@ -815,3 +816,44 @@ def test_fill_from_memory_values_a_job_where_it_has_not_run_by_what_its_models_e
     assert gpus[True].batch_tuned_by_job and gpus[False].batch_tuned_by_job
     with pytest.raises(ValueError, match="fill_from_memory"):
         OnesPolicy(fill_from_memory="yes")
+
+
+def _split_ctx(free: int = 0, start_on_freed: bool = False):
+    """Job a holds 4 GPUs on a split placement (real goodput 60, the table's 100 for 4 GPUs), job b is queued,
+    both with the same work and table; ``free`` more GPUs are idle."""
+    from ones_pipeline.core.policies.ones_fitness import OnesContext
+
+    table = np.array([[0.0, 30.0, 55.0, 75.0, 100.0]] * 2)
+    return OnesContext(4 + free, np.array([4, 4]), table, np.array([1e5, 1e5]), np.array([4, 0]),
+                       np.array([120.0, 120.0]), np.array([0.0, 10.0]), np.array([4, 4]),
+                       cur_rate=np.array([60.0, 0.0]), start_on_freed=start_on_freed)
+
+
+def test_freed_quality_is_the_mean_placement_of_the_gpus_a_started_job_can_get():
+    ctx = _split_ctx()
+    pop = np.array([[0, 4], [4, 0], [2, 2], [0, 0]])
+    # a stopped: its 4 split GPUs (0.6); nothing freed: 1; a shrunk to 2: 2 GPUs at 0.6; a stopped, b queued: 0.6
+    assert np.allclose(ctx.freed_quality(pop), [0.6, 1.0, 0.6, 0.6])
+    # 4 GPUs idle besides: (4 x 1 + 4 x 0.6) / 8
+    assert np.allclose(_split_ctx(free=4).freed_quality(np.array([[0, 4], [4, 4]])), [0.8, 1.0])
+
+
+def test_start_on_freed_removes_the_swap_for_an_identical_queued_job():
+    swap, keep = np.array([[0, 4]]), np.array([[4, 0]])
+    ideal = _split_ctx()
+    assert ideal.fitness(swap)[0] < ideal.fitness(keep)[0]  # b valued on ideal GPUs: the swap looks better
+    real = _split_ctx(start_on_freed=True)
+    assert real.fitness(swap)[0] > real.fitness(keep)[0]  # b valued on a's GPUs: the swap costs a restart
+    assert real.fitness(keep)[0] == ideal.fitness(keep)[0]  # no job started: nothing changes
+    # b started on 4 idle GPUs beside a: valued on them (quality 1), as without the option
+    both = np.array([[4, 4]])
+    assert _split_ctx(free=4, start_on_freed=True).fitness(both)[0] == _split_ctx(free=4).fitness(both)[0]
+
+
+def test_start_on_freed_reaches_the_fitness_of_a_decision():
+    rng = np.random.default_rng(5)
+    cluster, jobs, current = random_scheduler_state(rng, 30, 4, 4)
+    for flag in (False, True):
+        policy = OnesPolicy(seed=0, start_on_freed=flag)
+        ctx, _ = policy._context(cluster, jobs, current, 1000.0)
+        assert ctx.start_on_freed is flag

@@ -132,6 +132,11 @@ class OnesParams(PolicyParams):
     started (``"batch"``: only started) as its model's earlier jobs measured (``memory_views``), not at its least batch.
     ``fill_from_memory`` (default on; with ``job_batch``): a measured job is valued by its own step times plus
     those its model's earlier jobs measured in configurations it has not run in (``memory_filled_views``).
+    ``start_on_freed`` (with ``job_batch``): a job the fitness starts now is valued at the table's goodput times
+    how well the GPUs it can get are placed (``OnesContext.freed_quality``: the free ones, and those of the jobs
+    the individual stops or shrinks at their real goodput over the table's), as kept jobs are valued on their
+    real placement; without it a job on split GPUs is swapped for an identical queued one, which gets the same
+    GPUs, round after round (``benchmarks/ones_swaps.py``).
     """
 
     policy = "ones"
@@ -172,6 +177,7 @@ class OnesParams(PolicyParams):
     pool_model_obs: bool | str = False
     start_from_memory: bool | str = True
     fill_from_memory: bool = True
+    start_on_freed: bool = False
 
     @property
     def hold_s(self) -> float:
@@ -236,6 +242,7 @@ class OnesParams(PolicyParams):
             start_from_memory=(self.start_from_memory if self.start_from_memory == "batch"
                                else check_bool(n, "start_from_memory", self.start_from_memory)),
             fill_from_memory=check_bool(n, "fill_from_memory", self.fill_from_memory),
+            start_on_freed=check_bool(n, "start_on_freed", self.start_on_freed),
         )
         if checked["tail_chain"] and checked["tail_srpt"]:
             raise ValueError(f"{n}: tail_chain (on by default) and tail_srpt are two models of the jobs still "
@@ -355,7 +362,8 @@ class OnesPolicy(PolicyBase):
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
         ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
                    c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.shrink_cost_factor, c.tail_srpt,
-                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain, c.tail_chain_plain)
+                   c.hesrpt, c.hesrpt_scope, c.hesrpt_floor, c.tail_chain, c.tail_chain_plain,
+                   c.start_on_freed and c.job_batch)
         if c.wait_weight is not None:  # the longer a job has waited, against its time left, the more it counts
             waited = np.maximum(now_s - submit - np.array([j.run_time_s for j in jobs]), 0.0)
             ctx.wait_weights = 1.0 + waited / (c.wait_weight * np.maximum(ctx.t_need, 1.0))

@@ -21,8 +21,9 @@ class OnesContext:
                  gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
                  shrink_cost_factor: float = 1.0, tail_srpt: bool = False, hesrpt: float | str | None = None,
                  hesrpt_scope: str = "all", hesrpt_floor: float = 0.0, tail_chain: bool = False,
-                 tail_chain_plain: float = 0.0):
+                 tail_chain_plain: float = 0.0, start_on_freed: bool = False):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
+        self.start_on_freed = start_on_freed
         self.tail_srpt, self.tail_chain, self.tail_chain_plain = tail_srpt, tail_chain, tail_chain_plain
         self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
@@ -213,6 +214,10 @@ class OnesContext:
             kept = on & (pop == self.cur[None, :]) & (self.cur_rate[None, :] > 0)
             rate = np.where(kept, self.cur_rate[None, :], rate)
             run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
+            if self.start_on_freed:  # a job started now runs on the GPUs there are, not on ideal ones
+                started = on & (self.cur[None, :] == 0)
+                rate = np.where(started, rate * self.freed_quality(pop)[:, None], rate)
+                run = np.where(started, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
         if placed_rate is not None:
             placed = placed_rate > 0
             rate = np.where(placed, placed_rate, rate)
@@ -246,6 +251,22 @@ class OnesContext:
         used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
         ref = progress / self.best_rate_per_gpu[None, :]
         return completion, np.maximum(used - ref, 0.0)
+
+    def freed_quality(self, pop: np.ndarray) -> np.ndarray:
+        """(P,) how well the GPUs a job started by each individual can get are placed, as a fraction of the
+        table's consolidated goodput (``OnesParams.start_on_freed``): the GPUs free now count 1 each, those the
+        individual frees by stopping or shrinking a running job count that job's real goodput over the table's
+        at the count it holds (below 1 when its GPUs are split over more nodes than needed); the mean over
+        them (1 when none are free). A job started in a swap for a job on split GPUs gets those same GPUs, so
+        without this the fitness would value it on ideal ones while it values the kept job on its real ones."""
+        held = self.cur > 0
+        ref = self.table[self.idx, np.minimum(self.cur, self.table.shape[1] - 1)]
+        ratio = np.divide(self.cur_rate, ref, out=np.ones(len(self.cur)), where=held & (self.cur_rate > 0) & (ref > 0))
+        ratio = np.minimum(ratio, 1.0)
+        freed = np.where(held[None, :] & (pop < self.cur[None, :]), self.cur[None, :] - pop, 0)  # (P, J)
+        free_now = float(max(self.G - int(self.cur.sum()), 0))
+        total = free_now + freed.sum(axis=1)
+        return np.where(total > 0, (free_now + (freed * ratio[None, :]).sum(axis=1)) / np.maximum(total, 1.0), 1.0)
 
     def _hesrpt_exponent(self) -> np.ndarray:
         """(J,) the speedup exponent ``p`` of ``hesrpt``: the option's number, or each job's own
