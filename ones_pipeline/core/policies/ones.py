@@ -43,6 +43,7 @@ from ones_pipeline.core.policies.base import (
     check_probability,
 )
 from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
+from ones_pipeline.core.policies.ones_fitness import fitted_variants
 from ones_pipeline.core.policies.ones_fitness import keep_unless_better as _keep_unless_better
 from ones_pipeline.core.policies.ones_fitness import transfer as _transfer
 from ones_pipeline.core.policies.ones_goodput import (
@@ -401,14 +402,15 @@ class OnesPolicy(PolicyBase):
         """(J,) the best candidate once each is placed as ``decide`` places it and its jobs are valued on
         the nodes they really get (the search's fitness assumes ``ceil(n / node size)`` nodes for a job
         whose count changes). Candidates: the ``placement_rescore`` fittest distinct individuals of
-        ``pop`` and variants of the fittest (``_fitted_variants``). Not the current schedule when the search
+        ``pop`` and variants of the fittest (``ones_fitness.fitted_variants``). Not the current schedule when the search
         dropped it: the fitness starts a queued job on free GPUs at once, so keeping GPUs idle looks free."""
         c = self.config
         ranked = pop[np.argsort(fit, kind="stable")]
         _, first = np.unique(ranked, axis=0, return_index=True)
         top = ranked[np.sort(first)[:c.placement_rescore]]  # (K, J), fittest first
         held = {j.name: current.gpus_of(j.name) for j in jobs}
-        variants = _fitted_variants(cluster, ctx, top[0], self._placed(cluster, jobs, ctx, top[0], held))
+        placed_top = self._placed(cluster, jobs, ctx, top[0], held)
+        variants = fitted_variants(max(cluster.gpus_per_node), ctx, top[0], placed_top)
         cands = np.concatenate([top, variants])
         _, first = np.unique(cands, axis=0, return_index=True)
         cands = cands[np.sort(first)]
@@ -483,24 +485,6 @@ class OnesPolicy(PolicyBase):
                             np.maximum(out - 1, 0))
         out = np.minimum(np.where(resize, resized, out), ctx.caps[None, :])
         return _transfer(out, ctx.caps, rng, c.transfer_p)
-
-
-def _fitted_variants(cluster: Cluster, ctx: _Ctx, counts: np.ndarray, placed: Sequence[tuple[int, ...]]) -> np.ndarray:
-    """(V, J) variants of ``counts`` whose placement ``placed`` (GPUs per node of each job, largest first)
-    spreads some jobs over more nodes than ``ceil(n / node size)``: each such job (one at a time, then
-    all together) gets instead what its placement holds on that many nodes, or keeps the GPUs it holds
-    (if it holds any: a job sent back to the queue would look free, see ``_placement_rescore``)."""
-    gpn = max(cluster.gpus_per_node)
-    spread = [i for i, n in enumerate(counts) if n > 0 and len(placed[i]) > -(-int(n) // gpn)]
-    fitted = {i: sum(placed[i][:-(-int(counts[i]) // gpn)]) for i in spread}
-    rows = []
-    for alt in (fitted, {i: int(ctx.cur[i]) for i in spread if ctx.cur[i] > 0}):
-        for group in [[i] for i in alt] + ([list(alt)] if len(alt) > 1 else []):
-            row = counts.copy()
-            row[group] = [alt[i] for i in group]
-            rows.append(row)
-    out = np.array(rows, dtype=np.int64).reshape(-1, len(counts))
-    return out[(out.sum(axis=1) <= ctx.G) & (out <= ctx.caps[None, :]).all(axis=1)]
 
 
 def _order(ctx: _Ctx, counts: np.ndarray) -> np.ndarray:

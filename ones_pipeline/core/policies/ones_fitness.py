@@ -10,6 +10,8 @@ term falls the most per added GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -445,3 +447,20 @@ def transfer(pop: np.ndarray, caps: np.ndarray, rng: np.random.Generator, p: flo
     out[rows[ok], donor[ok]] -= 1
     out[rows[ok], recv[ok]] += 1
     return out
+
+
+def fitted_variants(gpn: int, ctx: OnesContext, counts: np.ndarray, placed: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """(V, J) variants of ``counts`` whose placement ``placed`` (GPUs per node of each job, largest first)
+    spreads some jobs over more nodes than ``ceil(n / node size)``: each such job (one at a time, then
+    all together) gets instead what its placement holds on that many nodes, or keeps the GPUs it holds
+    (if it holds any: a job sent back to the queue would look free, see ``_placement_rescore``)."""
+    spread = [i for i, n in enumerate(counts) if n > 0 and len(placed[i]) > -(-int(n) // gpn)]
+    fitted = {i: sum(placed[i][:-(-int(counts[i]) // gpn)]) for i in spread}
+    rows = []
+    for alt in (fitted, {i: int(ctx.cur[i]) for i in spread if ctx.cur[i] > 0}):
+        for group in [[i] for i in alt] + ([list(alt)] if len(alt) > 1 else []):
+            row = counts.copy()
+            row[group] = [alt[i] for i in group]
+            rows.append(row)
+    out = np.array(rows, dtype=np.int64).reshape(-1, len(counts))
+    return out[(out.sum(axis=1) <= ctx.G) & (out <= ctx.caps[None, :]).all(axis=1)]
