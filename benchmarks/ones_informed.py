@@ -35,7 +35,7 @@ from contextlib import contextmanager, nullcontext
 import numpy as np
 from jct_by_model import CLUSTER  # same folder (the script's folder is on sys.path)
 from ones_options import ones_options
-from policy_quality import _config, workloads
+from policy_quality import _config, checked_workloads, workloads
 
 from ones_pipeline.core.efficiency import efficiency, gns_or_prior
 from ones_pipeline.core.policies import ones_goodput
@@ -141,10 +141,7 @@ def main() -> None:
         ap.error(f"--modes: {', '.join(bad)} not one of {', '.join(MODES[1:])}")
     params = ones_options(ap, args.params, "--params")  # a bad option fails here, before anything runs
     tokens = [w for w in args.workloads.split(",") if w]
-    try:  # a bad token too
-        labels = list(workloads(tokens))
-    except (ValueError, KeyError) as exc:
-        ap.error(f"--workloads: {exc} (tokens: 1-8, 0.5:N, 1.5:N, L:N, ones50, ones400)")
+    labels = list(checked_workloads(ap, tokens, "--workloads"))  # a bad token too
     tasks = [(t, m, params, args.seed) for t in tokens for m in modes]
     with ProcessPoolExecutor(max(1, args.processes)) as pool:
         done = {(label, mode): (mean, per) for label, mode, mean, per in pool.map(_run, tasks)}

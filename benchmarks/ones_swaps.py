@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from jct_by_model import CLUSTER  # same folder (the script's folder is on sys.path)
 from ones_options import ones_options
-from policy_quality import _config, workloads
+from policy_quality import _config, checked_workloads
 
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.policies.ones import OnesPolicy
@@ -101,10 +101,7 @@ def main() -> None:
     ap.add_argument("--params", default="{}", help="JSON object of ones options")
     args = ap.parse_args()
     params = ones_options(ap, args.params, "--params")
-    try:
-        (label, spec), = workloads([args.workload]).items()
-    except (ValueError, KeyError) as exc:
-        ap.error(f"--workload: {exc} (tokens: 1-8, 0.5:N, 1.5:N, L:N, ones50, ones400)")
+    (label, spec), = checked_workloads(ap, [args.workload], "--workload").items()
     watch = SwapWatch(make_policy("ones", seed=args.seed, **params))
     res = simulate(spec.load(), watch.policy, CLUSTER, _config())
     jct = np.array([j.jct_s for j in res.jobs])

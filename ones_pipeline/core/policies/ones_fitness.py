@@ -26,6 +26,7 @@ class OnesContext:
                  tail_chain_plain: float = 0.0, start_on_freed: bool = False):
         self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
         self.start_on_freed = start_on_freed
+        self._held_quality: np.ndarray | None = None  # ``freed_quality``'s real/table goodput of each held job
         self.tail_srpt, self.tail_chain, self.tail_chain_plain = tail_srpt, tail_chain, tail_chain_plain
         self.hesrpt, self.hesrpt_scope, self.hesrpt_floor = hesrpt, hesrpt_scope, hesrpt_floor
         self._weights: np.ndarray | None = None
@@ -262,9 +263,12 @@ class OnesContext:
         them (1 when none are free). A job started in a swap for a job on split GPUs gets those same GPUs, so
         without this the fitness would value it on ideal ones while it values the kept job on its real ones."""
         held = self.cur > 0
-        ref = self.table[self.idx, np.minimum(self.cur, self.table.shape[1] - 1)]
-        ratio = np.divide(self.cur_rate, ref, out=np.ones(len(self.cur)), where=held & (self.cur_rate > 0) & (ref > 0))
-        ratio = np.minimum(ratio, 1.0)
+        ratio = self._held_quality
+        if ratio is None:  # the same every fitness call of a decision: once
+            ref = self.table[self.idx, np.minimum(self.cur, self.table.shape[1] - 1)]
+            ok = held & (self.cur_rate > 0) & (ref > 0)
+            ratio = np.divide(self.cur_rate, ref, out=np.ones(len(self.cur)), where=ok)
+            ratio = self._held_quality = np.minimum(ratio, 1.0)
         freed = np.where(held[None, :] & (pop < self.cur[None, :]), self.cur[None, :] - pop, 0)  # (P, J)
         free_now = float(max(self.G - int(self.cur.sum()), 0))
         total = free_now + freed.sum(axis=1)
