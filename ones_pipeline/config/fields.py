@@ -16,6 +16,10 @@ class ConfigError(ValueError):
         self.field = field_name
         where = f"{self.path}: field '{field_name}'" if field_name else self.path
         super().__init__(f"{where}: {message}")
+        self._message = message
+
+    def __reduce__(self):  # raised in another process: rebuilt with its message, not a TypeError
+        return type(self), (self.path, self.field, self._message)
 
 
 def read_yaml(path: Path) -> Any:

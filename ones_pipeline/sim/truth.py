@@ -23,6 +23,10 @@ class TraceError(ValueError):
             where += f", field {field!r}"
         super().__init__(f"{where}: {message}")
         self.path, self.row, self.field = str(path), row, field
+        self._message = message
+
+    def __reduce__(self):  # raised in a worker process (policy_quality.py --processes): rebuilt with its message
+        return type(self), (self.path, self._message, self.row, self.field)
 
 
 class JobTruth(Protocol):
