@@ -77,13 +77,13 @@ def workloads(selected: list[str]) -> dict[str, WorkloadSpec]:
     return out
 
 
-
 def checked_workloads(parser, selected: list[str], flag: str) -> dict[str, WorkloadSpec]:
     """``workloads(selected)``, a bad token ending the program through ``parser.error`` naming ``flag``."""
     try:
         return workloads(selected)
     except (ValueError, KeyError) as exc:
         parser.error(f"{flag}: {exc} (tokens: 1-8, 0.5:N, 1.5:N, L:N, ones50, ones400)")
+
 
 def synthetic_load(load: float, n: int) -> Path:
     """A Pollux workload at a load the authors did not publish, written under ``out/policy_quality/loads``:
