@@ -15,7 +15,7 @@ other code is simulated again, and ``--fresh`` ignores the cache.
     python benchmarks/policy_quality.py [--workloads 1,6,ones50,0.5:1] [--policies pollux,sia] [--processes 2]
 
 By default every workload of ``docs/results.md``: the 8 at load 1.0, the ONES trace (50 and 400 jobs),
-workloads 1-4 at the authors' loads 0.5 and 1.5, and at 1.25 (a load they did not publish).
+and the 8 at the authors' loads 0.5 and 1.5 and at 1.25 (a load they did not publish).
 
 ``--ones-params JSON``: ``ones`` with these options (cached apart, under a name with the options' hash), to
 see a candidate setting's whole table, p99 and makespan included; write it with ``--out`` elsewhere than
@@ -53,12 +53,12 @@ PUBLISHED = TRACES / "pollux" / "results-published" / "pollux-1.0.json"
 ORDER = ("pollux", "sia", "ones", "ones-paper", "tiresias", "optimus", "fifo")
 # docs/results.md: the load-1.0 workloads, the ONES trace, the authors' loads 0.5 and 1.5, and 1.25 (unseen).
 DEFAULT_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "ones50", "ones400",
-                     *(f"{load}:{n}" for load in ("0.5", "1.5", "1.25") for n in (1, 2, 3, 4)))
+                     *(f"{load}:{n}" for load in ("0.5", "1.5", "1.25") for n in range(1, 9)))
 
 
 def workloads(selected: list[str]) -> dict[str, WorkloadSpec]:
     """Workloads by token: ``N`` (Pollux workload-N at load 1.0, packaged), ``0.5:N`` / ``1.5:N`` (the
-    Pollux authors' load variants in ``../shared``, workloads 1-4), ``L:N`` for another load ``L``
+    Pollux authors' load variants in ``../shared``, workloads 1-8), ``L:N`` for another load ``L``
     (``synthetic_load``), ``ones50`` / ``ones400`` (the ONES trace)."""
     out = {}
     for w in selected:
