@@ -1,0 +1,66 @@
+"""``benchmarks/policy_quality.py``'s per-load table: ratios of the means, the tails against ``pollux`` (worst
+workload and ratio of the means) and restarts per job, from simulation records."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import policy_quality as pq  # noqa: E402
+
+POLICIES = ["pollux", "sia", "ones"]
+
+
+def _records(rng: np.random.Generator, labels: list[str]) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for label in labels:
+        out[label] = {}
+        for p in POLICIES:
+            mean, p99, span = rng.uniform(500, 5000, size=3)
+            out[label][p] = {"summary": {"mean_jct_s": mean, "p99_jct_s": p99, "makespan_s": span},
+                             "restarts_per_job": float(rng.uniform(0, 5))}
+    return out
+
+
+def _row(lines: list[str], load: str) -> list[str]:
+    row = next(line for line in lines if line.startswith(f"| {load} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_per_load_rows_group_by_load_and_report_tails_both_ways():
+    rng = np.random.default_rng(7)
+    labels = ["workload-1", "workload-2", "workload-1@0.5", "workload-2@0.5", "workload-3@0.5", "ones-trace-50"]
+    records = _records(rng, labels)
+    means_by = {lab: {p: records[lab][p]["summary"]["mean_jct_s"] for p in POLICIES} | {"bound": 100.0}
+                for lab in labels}
+    lines = pq._load_table(POLICIES, records, means_by)
+    header = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert "p99 / pollux" in header and "restarts per job (pollux, sia, ones)" in header
+    # Only Pollux workloads are grouped, in load order; the ONES trace is not a load.
+    assert [line.split("|")[1].strip() for line in lines[4:] if line] == ["0.5", "1.0"]
+    half = _row(lines, "0.5")
+    labs = ["workload-1@0.5", "workload-2@0.5", "workload-3@0.5"]
+    assert half[1] == "3"
+
+    def stat(p, key):
+        return np.array([records[lab][p]["summary"][key] for lab in labs])
+
+    ones, pollux = stat("ones", "mean_jct_s"), stat("pollux", "mean_jct_s")
+    assert half[header.index("ones / pollux")] == f"{ones.mean() / pollux.mean():.3f}x"
+    p99 = stat("ones", "p99_jct_s") / stat("pollux", "p99_jct_s")
+    assert half[header.index("p99 / pollux")] == (
+        f"{p99.max():.2f}x / {stat('ones', 'p99_jct_s').mean() / stat('pollux', 'p99_jct_s').mean():.2f}x")
+    span = stat("ones", "makespan_s").mean() / stat("pollux", "makespan_s").mean()
+    assert half[header.index("makespan / pollux")].endswith(f" / {span:.2f}x")
+    restarts = [np.mean([records[lab][p]["restarts_per_job"] for lab in labs]) for p in POLICIES]
+    assert half[header.index("restarts per job (pollux, sia, ones)")] == " / ".join(f"{r:.1f}" for r in restarts)
+
+
+def test_default_workloads_cover_all_eight_at_every_load():
+    tokens = set(pq.DEFAULT_WORKLOADS)
+    for load in ("0.5", "1.25", "1.5"):
+        assert {f"{load}:{n}" for n in range(1, 9)} <= tokens
+    assert {str(n) for n in range(1, 9)} | {"ones50", "ones400"} <= tokens
