@@ -9,7 +9,7 @@ jobs running, most with throughput observations. Each policy decides once from s
 from its own schedule (the steady state of a live sensor); both are timed.
 
     python benchmarks/decision_latency.py [--repeats 3] [--policies ones,pollux] [--scales 64,4096]
-        [--ones-params '{"tail_chain": false}']
+        [--ones-params '{"wait_weight": null}']
 
 ``--ones-params`` (a JSON object of ``OnesParams`` options) times ``ones`` with them as well, on the same
 states in the same run, as the row ``ones*``: what an option costs, measured against the defaults.

@@ -19,15 +19,7 @@ of its GPU count (hours since the start, GPUs). ``--scaling W``: per model of wo
 goodput (over the batch grid of ``sim.bound``) at 1-64 GPUs relative to 1 GPU, at 10, 50 and 90 % of its
 progress: how close to linear each model scales, and when.
 
-``--trace JOB`` (with ``--detail``): simulate the workload under ``ones`` alone and print, at every decision
-that saw that job, what ``ones`` valued it at: its progress, the noise scale and the GPU counts of the
-step times it was valued by (its own, and its model's memory where it has not run: ``start_from_memory``,
-``fill_from_memory``), the goodput
-``ones`` predicts for it at 1, 2, 4, 8 and 16 GPUs (base-equivalent samples/s, the batch the job would pick
-there), the GPUs it held, the GPUs decided, whether the hold kept its count, and the GPUs left free.
-
     python benchmarks/jct_by_model.py --detail 1 --policies ones,pollux --timeline imagenet
-    python benchmarks/jct_by_model.py --detail 0.5:4 --trace yolov3-75
     python benchmarks/jct_by_model.py --scaling 1
 """
 
@@ -40,10 +32,8 @@ from collections import defaultdict
 import numpy as np
 from policy_quality import CACHE, _config, code_digest, workloads  # same folder (the script's folder is on sys.path)
 
-from ones_pipeline.core.policies.ones import OnesPolicy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import _batch_grid, _config_rate, _per_job, _placements
-from ones_pipeline.sim.engine import simulate
 from ones_pipeline.sim.runner import run_one
 
 CLUSTER = Cluster.uniform(16, 4)
@@ -130,48 +120,6 @@ def detail(token: str, policies: list[str], params: dict, seed: int, timeline: l
                 print(f"    {j.name}: submitted {j.submit_s / 3600:.2f} h, JCT {j.jct_s:.0f} s; {changes}")
 
 
-class _Traced(OnesPolicy):
-    """``ones``, printing at each decision what it valued one job at (``--trace``)."""
-
-    GPUS = (1, 2, 4, 8, 16)
-
-    def __init__(self, job: str, seed: int, **params) -> None:
-        super().__init__(seed=seed, **params)
-        self.job, self.seen = job, {}
-
-    def _context(self, cluster, jobs, current, now_s):
-        ctx, batches = super()._context(cluster, jobs, current, now_s)
-        for i, view in enumerate(jobs):  # the views ones valued (its model's memory for an unmeasured job)
-            if view.name == self.job:
-                self.seen = {"i": i, "view": view, "ctx": ctx}
-        return ctx, batches
-
-    def decide(self, now_s, cluster, jobs, current):
-        self.seen = {}
-        schedule = super().decide(now_s, cluster, jobs, current)
-        if self.seen:
-            i, view, ctx = self.seen["i"], self.seen["view"], self.seen["ctx"]
-            rate = [f"{ctx.table[i, n]:.1f}" if n < ctx.table.shape[1] else "-" for n in self.GPUS]
-            held = ctx.lock is not None and bool(ctx.lock[i])
-            free = cluster.num_gpus - sum(len(schedule.gpus_of(j.name)) for j in jobs)
-            gns = "-" if view.grad_noise_scale is None else f"{view.grad_noise_scale:.3g}"
-            print(f"{now_s / 3600:6.2f} h  progress {view.progress_samples:9.3g}  noise scale {gns:>7}  step times at "
-                  f"{sorted({o.num_gpus for o in view.throughput_obs})}  goodput at {self.GPUS} GPUs {rate}  "
-                  f"GPUs {ctx.cur[i]} -> {len(schedule.gpus_of(self.job))}{'  (held)' if held else ''}  free {free}")
-        return schedule
-
-
-def trace(token: str, job: str, params: dict, seed: int) -> None:
-    (label, spec), = workloads([token]).items()
-    jobs = spec.load()
-    if job not in {j.spec.name for j in jobs}:
-        raise SystemExit(f"jct_by_model: --trace: no job {job!r} in {label} (its jobs are named model-index, "
-                         f"e.g. {jobs[0].spec.name!r})")
-    res = simulate(jobs, _Traced(job, seed, **params), CLUSTER, _config())
-    rec = next(j for j in res.jobs if j.name == job)
-    print(f"{label} ones: {job} JCT {rec.jct_s:.0f} s, restarts {rec.restarts}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="1,2,3,4,5,6,7,8")
@@ -180,14 +128,11 @@ def main() -> None:
     ap.add_argument("--detail", default=None, help="simulate this workload and print per-model details")
     ap.add_argument("--params", default="{}", help="JSON object of OnesPolicy options (with --detail)")
     ap.add_argument("--timeline", default="", help="models whose jobs' GPU counts to print (with --detail)")
-    ap.add_argument("--trace", default=None, help="job whose valuation by ones to print (with --detail)")
     ap.add_argument("--scaling", default=None, help="print how each model of this workload scales")
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     if args.scaling:
         scaling(args.scaling)
-    elif args.detail and args.trace:
-        trace(args.detail, args.trace, json.loads(args.params), args.seed)
     elif args.detail:
         detail(args.detail, policies, json.loads(args.params), args.seed,
                [m for m in args.timeline.split(",") if m])

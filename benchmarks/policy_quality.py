@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -43,7 +42,7 @@ from ones_pipeline.reporting import plot_jct_cdf
 from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.packaged import workload_path
-from ones_pipeline.sim.report import summarise
+from ones_pipeline.sim.report import host, summarise
 from ones_pipeline.sim.runner import ALL_POLICIES, WorkloadSpec, run_one
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,28 +110,6 @@ def synthetic_load(load: float, n: int) -> Path:
 
 def _config() -> SimConfig:
     return SimConfig(interval_s=60.0, restart_cost_s=30.0)
-
-
-def host() -> str:
-    """The CPU model, numpy version and the widest SIMD extension numpy finds here, recorded with every
-    simulation: a result can depend on them (floating point differs with numpy's code paths, and a small
-    difference changes a decision somewhere and the rest of the run with it: the same code gave
-    workload-1 / ``ones`` 1954 s on an earlier machine and 1903 s on an AMD EPYC with AVX2, numpy 2.4.6)."""
-    model = next((line.split(":", 1)[1].strip() for line in _read_lines("/proc/cpuinfo")
-                  if line.startswith("model name")), platform.processor() or platform.machine())
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-        simd = "AVX512F" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else "no AVX2"
-    except ImportError:  # another numpy layout: name no extension rather than guess
-        simd = "SIMD unknown"
-    return f"{model}, numpy {np.__version__}, {simd}"
-
-
-def _read_lines(path: str) -> list[str]:
-    try:
-        return Path(path).read_text().splitlines()
-    except OSError:
-        return []
 
 
 def _job(args):

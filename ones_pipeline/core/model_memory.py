@@ -6,7 +6,7 @@ A job that has not measured anything yet is valued by the step times its model's
 (the oldest configuration goes first). With them, the gradient noise scale the model's jobs measured earliest
 in their training (``remember_noise``: the one at the fewest samples; the noise scale grows as training goes
 on, so that is what a new job will measure first), so a new job can start at the batch its model's step times
-and that noise scale make goodput-optimal (``JobView.model_gns``, ``ones``' ``start_from_memory``). The live
+and that noise scale make goodput-optimal (``JobView.model_gns``, ``ones_goodput.memory_views``). The live
 scheduler (``scheduler.tick``, rows stored in its sensor
 cursor) and the simulator (``sim.engine``) keep it by these same functions, so a simulated policy sees what a
 live one would.

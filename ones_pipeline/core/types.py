@@ -374,7 +374,7 @@ class JobView:
     max_gpus_seen: int = 0
     # Step times earlier jobs of the same model measured (the live scheduler remembers them): the estimates
     # of a job that has measured nothing of its own, when no active job of its model has either; ``ones``
-    # also values a measured job by them where it has not run itself (``fill_from_memory``).
+    # also values a measured job by them where it has not run itself (``ones_goodput.memory_filled_views``).
     model_obs: tuple[ThroughputObs, ...] = ()
     # ... and the noise scale they measured earliest in their training (``core.model_memory.remember_noise``);
     # None: none remembered, or the job has measured its own steps.

@@ -238,7 +238,7 @@ def _retune(job: _Running, cluster: Cluster) -> None:
     if not job.obs and n * micro * (accum + 1) != alloc.global_batch:
         # Nothing measured yet: the job trains at the batch it was started with, as the live trainer does
         # (``train.batch_tuning``: it re-tunes from its own step times only), e.g. one a policy picked from
-        # what its model's earlier jobs measured (``ones``' ``start_from_memory``).
+        # what its model's earlier jobs measured (``ones_goodput.memory_views``).
         m0, top, _, hi_micro = batch_limits(job.spec)
         m, a = split_for(min(float(alloc.global_batch), top), n, hi_micro, m0)
         micro, accum = int(m), int(a)

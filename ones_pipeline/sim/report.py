@@ -5,7 +5,9 @@ The statistics, tables and plots themselves are the shared ones of :mod:`ones_pi
 
 from __future__ import annotations
 
+import hashlib
 import math
+import platform
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -54,6 +56,37 @@ def summarise(result: SimResult) -> dict[str, float]:
         "gpu_hours": float(sum(j.gpu_s for j in result.jobs) / 3600.0),
         "median_decide_ms": float(np.median(decide) * 1e3),
     }
+
+
+def schedule_digest(result: SimResult) -> str:
+    """A digest of every decision of a simulation (each change of a job's GPU count, with its time) and of
+    every job's finish time: two runs with the same digest made the same decisions. Changes of code that
+    must not change decisions are checked with it (``tests/test_ones_frozen.py``)."""
+    h = hashlib.sha1()
+    for t, job, n in result.timeline:
+        h.update(f"{t!r},{job},{n};".encode())
+    for r in sorted(result.jobs, key=lambda r: r.name):
+        h.update(f"{r.name},{r.finish_s!r};".encode())
+    return h.hexdigest()[:16]
+
+
+def host() -> str:
+    """The CPU model, numpy version and the widest SIMD extension numpy finds here. A simulation's figures
+    can depend on them (floating point differs with numpy's code paths, and a small difference changes a
+    decision somewhere and the rest of the run with it: the same code gave workload-1 / ``ones`` 1954 s on
+    an earlier machine and 1903 s on an AMD EPYC with AVX2, numpy 2.4.6)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+        simd = "AVX512F" if features.get("AVX512F") else "AVX2" if features.get("AVX2") else "no AVX2"
+    except ImportError:  # another numpy layout: name no extension rather than guess
+        simd = "SIMD unknown"
+    return f"{model}, numpy {np.__version__}, {simd}"
 
 
 def comparison_table(summaries: Mapping[str, Mapping[str, float]], baseline: str = "ones",
