@@ -1,0 +1,195 @@
+"""Does ``ones`` win in every regime, with the same defaults? A grid of simulated regimes, each policy's mean
+JCT per cell (averaged over the cell's workloads and seeds), ``ones`` against the best of the others.
+
+Cells (issue 37; the Pollux workloads and profiles are the packaged ones, the ONES trace is read from
+``../shared/traces`` or ``ONES_TRACES``):
+
+* ``pollux@L``: Pollux workloads at load ``L`` (0.5, 1.0, 1.5) on 16 nodes x 4 GPUs, 30 s per change;
+* ``small-G``: a cluster of ``G`` GPUs (4: one 4-GPU node, 8: two), the Pollux jobs of the load-1.0
+  workloads thinned to the same relative load (each job kept with probability ``G / 64``, drawn from
+  ``numpy.random.default_rng(workload)``; requests above ``G`` lowered to ``G``);
+* ``ones50`` / ``ones400``: the ONES trace (first 50 jobs, all 400), minute-long jobs on 64 GPUs;
+* ``changes-x2`` / ``changes-x4``: the load-1.0 workloads with every start, resize or preemption costing 2x
+  and 4x the 30 s;
+* ``cold``: the load-1.0 workloads without model memory (no job is valued by what its model's earlier
+  jobs measured: every job's first minutes are unmeasured).
+
+A recorded live mix (``benchmarks/live_ab.py --json``) is not in the repository; ``live_ab_sim.py`` replays
+one. Rounds are 60 s. ``--quick``: one workload per cell and seed 0 (a smoke run, minutes); the default is
+``--workloads 1,5`` and ``--seeds 0,1,2``.
+
+    python benchmarks/regimes.py [--cells pollux@1.0,small-4,cold] [--workloads 1,5] [--seeds 0,1,2]
+                                 [--policies ones,fifo,tiresias,pollux,sia] [--processes 2] [--json OUT]
+
+``--json OUT`` writes ``{"cells": {cell: {policy: mean_jct_s, "bound": s}}, "worst_ratio": x,
+"geo_vs_pollux": y}``: ``worst_ratio`` the largest over cells of ``ones`` / the best other policy,
+``geo_vs_pollux`` the geometric mean over cells of ``ones`` / ``pollux``. Targets (issue 37): at most 1.02
+and at most 0.90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from ones_pipeline.config import traces_dir_from_environment
+from ones_pipeline.core.policies import make_policy
+from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.bound import lower_bound
+from ones_pipeline.sim.engine import SimConfig, simulate
+from ones_pipeline.sim.packaged import workload_path
+from ones_pipeline.sim.runner import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
+CELLS = ("pollux@0.5", "pollux@1.0", "pollux@1.5", "small-4", "small-8", "ones50", "ones400", "changes-x2",
+         "changes-x4", "cold")
+POLICIES = ("ones", "fifo", "tiresias", "pollux", "sia")
+RESTART_S = 30.0
+
+
+def _pollux(load: str, n: int) -> list:
+    prefix = "pollux" if load == "1.0" else f"pollux-{load}"
+    return WorkloadSpec(workload_path(f"{prefix}:workload-{n}"), "pollux").load()
+
+
+def _thinned(n: int, gpus: int) -> list:
+    """Workload-n's jobs, each kept with probability gpus / 64, requests capped at ``gpus``."""
+    rng = np.random.default_rng(n)
+    jobs = [j for j in _pollux("1.0", n) if rng.random() < gpus / 64]
+    return [replace(j, spec=replace(j.spec, requested_gpus=min(j.spec.requested_gpus, gpus))) for j in jobs]
+
+
+def instances(cell: str, workloads: list[int]) -> list[tuple[str, list, Cluster, SimConfig]]:
+    """``(label, jobs, cluster, config)`` of each simulation instance of ``cell`` (one per workload)."""
+    big = Cluster.uniform(16, 4)
+    base = SimConfig(interval_s=60.0, restart_cost_s=RESTART_S)
+    if cell.startswith("pollux@"):
+        load = cell.split("@")[1]
+        return [(f"{cell}/w{n}", _pollux(load, n), big, base) for n in workloads]
+    if cell.startswith("small-"):
+        gpus = int(cell.split("-")[1])
+        return [(f"{cell}/w{n}", _thinned(n, gpus), Cluster.uniform(gpus // 4, 4), base) for n in workloads]
+    if cell in ("ones50", "ones400"):
+        path = TRACES / "ones_sc21" / "trace_1.csv"
+        if not path.is_file():
+            return []
+        jobs = WorkloadSpec(path, "ones", max_jobs=50 if cell == "ones50" else None).load()
+        return [(cell, jobs, big, base)]
+    if cell.startswith("changes-x"):
+        cost = RESTART_S * float(cell.split("x")[1])
+        return [(f"{cell}/w{n}", _pollux("1.0", n), big, replace(base, restart_cost_s=cost)) for n in workloads]
+    if cell == "cold":
+        return [(f"{cell}/w{n}", _pollux("1.0", n), big, replace(base, model_memory=False)) for n in workloads]
+    raise ValueError(f"unknown cell {cell!r}; allowed: {', '.join(CELLS)}")
+
+
+def _run(args) -> tuple[str, str, int, float, float]:
+    label, jobs, cluster, config, policy, seed = args
+    t0 = time.perf_counter()
+    result = simulate(jobs, make_policy(policy, seed=seed), cluster, config)
+    return label, policy, seed, float(np.mean([j.jct_s for j in result.jobs])), time.perf_counter() - t0
+
+
+def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies: list[str],
+             processes: int) -> dict[str, dict[str, float]]:
+    """``{cell: {policy: mean JCT over its instances and seeds, "bound": mean of the instances' bounds}}``."""
+    tasks, bounds, members = [], {}, {}
+    for cell in cells:
+        found = instances(cell, workloads)
+        if not found:
+            print(f"regimes: {cell}: skipped (the ONES trace is not at {TRACES / 'ones_sc21'})", file=sys.stderr)
+            continue
+        members[cell] = [label for label, *_ in found]
+        for label, jobs, cluster, config in found:
+            bounds[label] = lower_bound(jobs, cluster, config).mean_jct_s
+            tasks += [(label, jobs, cluster, config, p, s) for p in policies for s in seeds]
+    means: dict[tuple[str, str], list[float]] = {}
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        for k, (label, policy, seed, mean, wall) in enumerate(pool.map(_run, tasks), 1):
+            means.setdefault((label, policy), []).append(mean)
+            print(f"[{time.perf_counter() - started:6.0f} s] {k}/{len(tasks)} {label} {policy} seed {seed}: "
+                  f"{mean:.0f} s ({wall:.0f} s wall)", file=sys.stderr, flush=True)
+    return {cell: {**{p: float(np.mean([np.mean(means[(label, p)]) for label in labels])) for p in policies},
+                   "bound": float(np.mean([bounds[label] for label in labels]))}
+            for cell, labels in members.items()}
+
+
+def summary(cells: dict[str, dict[str, float]]) -> dict:
+    """The JSON document: the cells, ``worst_ratio`` (ones / the best other policy, worst cell) and
+    ``geo_vs_pollux`` (geometric mean of ones / pollux over the cells); null where a policy is missing."""
+    others = [{p: v for p, v in row.items() if p not in ("ones", "bound")} for row in cells.values()]
+    ratios = [row["ones"] / min(o.values()) for row, o in zip(cells.values(), others, strict=True)
+              if "ones" in row and o]
+    vs = [row["ones"] / row["pollux"] for row in cells.values() if "ones" in row and "pollux" in row]
+    return {"cells": cells, "worst_ratio": max(ratios) if ratios else None,
+            "geo_vs_pollux": math.exp(float(np.mean(np.log(vs)))) if vs else None}
+
+
+def table(doc: dict, policies: list[str]) -> str:
+    head = f"| cell | {' | '.join(policies)} | bound | ones / best other |"
+    lines = [head, "|" + "---|" * (len(policies) + 3)]
+    for cell, row in doc["cells"].items():
+        others = [row[p] for p in policies if p != "ones" and p in row]
+        ratio = f"{row['ones'] / min(others):.3f}x" if "ones" in row and others else "-"
+        lines.append(f"| {cell} | " + " | ".join(f"{row[p]:.0f}" for p in policies)
+                     + f" | {row['bound']:.0f} | {ratio} |")
+    lines.append(f"\nworst cell, ones / best other: {_x(doc['worst_ratio'])} (target <= 1.02x); geometric mean "
+                 f"ones / pollux: {_x(doc['geo_vs_pollux'])} (target <= 0.90x)")
+    return "\n".join(lines)
+
+
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}x"
+
+
+def _ints(parser, text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t]
+    except ValueError:
+        parser.error(f"{flag}: {text!r} is not a comma-separated list of integers")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated from {','.join(CELLS)}")
+    ap.add_argument("--workloads", default="1,5", help="Pollux workload numbers 1-8 per cell (1,5)")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quick", action="store_true", help="one workload, seed 0")
+    ap.add_argument("--json", default=None, help="write the cells and the two ratios here")
+    args = ap.parse_args(argv)
+    cells = [c for c in args.cells.split(",") if c]
+    if bad := [c for c in cells if c not in CELLS]:
+        ap.error(f"--cells: unknown {', '.join(bad)}; allowed: {', '.join(CELLS)}")
+    policies = [p for p in args.policies.split(",") if p]
+    try:
+        for p in policies:
+            make_policy(p)
+    except ValueError as exc:
+        ap.error(f"--policies: {exc}")
+    workloads = _ints(ap, args.workloads, "--workloads")
+    if bad := [n for n in workloads if not 1 <= n <= 8]:
+        ap.error(f"--workloads: {bad} outside 1-8")
+    seeds = _ints(ap, args.seeds, "--seeds")
+    if args.quick:
+        workloads, seeds = workloads[:1], seeds[:1]
+    doc = summary(run_grid(cells, workloads, seeds, policies, max(args.processes, 1)))
+    print(table(doc, policies))
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
