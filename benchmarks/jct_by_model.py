@@ -3,8 +3,8 @@
 Default: over the chosen Pollux workloads (seed ``--seed``), per model, the number of jobs, the mean of each
 job's least time alone (``sim.bound``'s relaxation (a)), each policy's mean JCT, ``ones`` against
 ``pollux``, the model's share of ``ones``' summed JCT and what the model adds to ``ones``' mean minus
-``pollux``'s (the table in ``docs/ones_policy.md``). The runs must be cached (``out/policy_quality/``):
-run ``policy_quality.py`` for those workloads and policies first.
+``pollux``'s (the per-model tables of the old experiment log: ``git show e8849ac:docs/ones_policy.md``). The
+runs must be cached (``out/policy_quality/``): run ``policy_quality.py`` for those workloads and policies first.
 
 ``--detail W``: simulate workload ``W`` (a ``policy_quality`` token: ``1``, ``0.5:4``) under each policy
 (``--params`` JSON for ``ones``) and print the mean and p99 JCT, and per model the mean JCT, wait before the

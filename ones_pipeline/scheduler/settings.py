@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 # costs there (a run's creation to its first progress: 20-35 s on this machine, ``benchmarks/live_ab.py``).
 # The policy's own default, 120 s, is tuned for the simulator's 30 s restarts and hour-long jobs; live jobs
 # of minutes lose to fifo under it (a replayed live mix: 1.34x fifo's mean JCT at 120 s, 0.75x at 30 s;
-# live at 30 s: 0.74x, docs/ones_policy.md "Live A/B").
+# live at 30 s: 0.74x; docs/ones_policy.md, "The 11 options" (2)).
 LIVE_RESTART_COST_S = 30.0
 
 
