@@ -95,7 +95,8 @@ def test_a_job_that_measured_nothing_sees_what_its_models_earlier_jobs_measured(
     assert {(o.num_gpus, o.num_nodes, o.per_gpu_batch) for o in first_c.model_obs} == set(measured)
     assert set(first_c.model_obs) == set(measured.values()) and len(first_c.model_obs) == len(measured)
     # once the job has measured itself, it still sees its model's step times (``ones`` values it by them where it
-    # has not run itself: ``ones_goodput.memory_filled_views``), its own among them, but no longer its model's noise scale
+    # has not run itself: ``ones_goodput.memory_filled_views``), its own among them, but no longer its model's
+    # noise scale
     measured_c = [v for v in recorder.views if v.name == "c" and v.throughput_obs]
     assert measured_c and all(v.model_obs and v.model_gns is None for v in measured_c)
     assert set(measured_c[-1].throughput_obs) <= set(measured_c[-1].model_obs)

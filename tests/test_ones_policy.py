@@ -8,6 +8,7 @@ import pytest
 
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policies import OnesPaperParams, OnesPaperPolicy, OnesParams, OnesPolicy, policy_from_dict
+from ones_pipeline.core.policies.ones_fitness import OnesContext
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
@@ -215,8 +216,6 @@ def test_the_chain_tail_favours_the_late_job_closest_to_done_and_values_a_job_al
     whole cluster. Two linear jobs: the split that favours the one with less left wins, where the plain
     terms are indifferent; the figure is worked by hand. A job that scales badly past 2 GPUs is valued at
     its fastest count (2), not its request (1)."""
-    from ones_pipeline.core.policies.ones_fitness import OnesContext
-
     table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
     args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
             np.array([0.0, 0.0]), np.array([4, 4]))
@@ -240,8 +239,6 @@ def test_the_chain_tail_blended_with_the_plain_term_keeps_a_value_on_the_largest
     at its request's goodput). 0 is the chain tail, 1 the plain fitness; in between, the job with the most left
     still gets the least weight, but its progress now is worth a share of what the plain term gives it, so
     the split that favours the job closest to done still wins, by less. Worked by hand."""
-    from ones_pipeline.core.policies.ones_fitness import OnesContext
-
     table = np.array([[0.0, 10.0, 20.0, 30.0, 40.0]] * 2)
     args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
             np.array([0.0, 0.0]), np.array([4, 4]))
@@ -269,14 +266,15 @@ def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
     Two identical jobs (1000 s each on the one GPU), one of them waiting 2000 s longer, k = 1: unweighted
     both orders are worth the same; weighted (factors 3 and 1), running the one that waited first wins. In
     the policy a job's wait is its age less the time it has held GPUs; off (null), no weights."""
-    from ones_pipeline.core.policies.ones_fitness import OnesContext
-
     table = np.array([[0.0, 10.0]] * 2)
     args = (1, np.array([1, 1]), table, np.array([1e4, 1e4]), np.array([0, 0]), np.array([0.0, 0.0]),
             np.array([0.0, 2000.0]), np.array([1, 1]))
     pop = np.array([[1, 0], [0, 1]])
     # Each job alone takes 1000 s; the second waits for the first: 1000 s and 2000 s, in either order.
     assert np.allclose(OnesContext(*args).fitness(pop), [3000.0, 3000.0])
+    terms = OnesContext(*args).terms(pop)  # the queued job starts when the first frees the GPU
+    assert np.allclose(terms.start, [[0.0, 1000.0], [1000.0, 0.0]])
+    assert np.allclose(terms.completion, [[1000.0, 2000.0], [2000.0, 1000.0]]) and not terms.excess_gpu_s.any()
     ctx = OnesContext(*args)
     ctx.wait_weights = 1.0 + np.maximum(2000.0 - ctx.submit, 0.0) / (1.0 * ctx.t_need)  # now 2000 s
     assert np.allclose(ctx.wait_weights, [3.0, 1.0])
@@ -286,9 +284,9 @@ def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
     pol = OnesPolicy(seed=0)  # on by default, k = 1
     pol.decide(7200.0, cluster, jobs, current).validate(cluster, {j.name: j.spec for j in jobs})
     assert pol.params()["wait_weight"] == 1.0
-    off = OnesPolicy(seed=0, wait_weight=None)._context(cluster, jobs, current, 7200.0)
+    off = OnesPolicy(seed=0, wait_weight=None).context(cluster, jobs, current, 7200.0)
     assert off.wait_weights is None
-    on = pol._context(cluster, jobs, current, 7200.0)
+    on = pol.context(cluster, jobs, current, 7200.0)
     waited = np.maximum(7200.0 - np.array([j.submit_time_s + j.run_time_s for j in jobs]), 0.0)
     assert np.allclose(on.wait_weights, 1.0 + waited / np.maximum(on.t_need, 1.0))
     assert (on.wait_weights > 1.0).any()
@@ -374,8 +372,6 @@ def test_the_default_hold_follows_the_churn_charge():
 
 
 def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():
-    from ones_pipeline.core.policies.ones_fitness import OnesContext
-
     table = np.array([[0.0] + [10.0 * n for n in range(1, 9)]] * 3)
     ctx = OnesContext(8, np.array([8, 8, 8]), table, np.array([1e5, 2e5, 10.0]), np.array([4, 2, 0]),
                np.array([30.0] * 3), np.zeros(3), np.array([4, 4, 4]))
@@ -400,53 +396,51 @@ def test_fitted_params_of_some_rows_are_those_of_all_jobs():
 
 
 def test_memoised_goodput_rows_and_current_goodput_read_from_the_table_are_the_values_computed_afresh():
-    """``tuned_table`` memoises measured jobs' rows and ``current_goodput`` reads consolidated placements
-    from the table: both give exactly what computing every value again gives, and a job whose noise scale
-    moved gets a new row, not the memoised one."""
+    """``tuned_table`` keeps measured jobs' rows in a ``GoodputRows`` memo and ``current_goodput`` reads
+    consolidated placements from the table: both give exactly what computing every value again gives, and a
+    job whose noise scale moved gets a new row, not the memoised one."""
     from dataclasses import replace
 
-    from ones_pipeline.core import estimates
     from ones_pipeline.core.policies import ones_goodput as og
 
     cluster, jobs, current = random_scheduler_state(np.random.default_rng(12), 60, 8, 4)
     caps = np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs])
-    estimates.forget_fits()
+    memo = og.GoodputRows()
     fresh = og.tuned_table(cluster, jobs, caps)
-    assert og._ROWS  # measured jobs' rows were kept
-    again = og.tuned_table(cluster, jobs, caps)
-    assert np.array_equal(again, fresh)
+    assert np.array_equal(og.tuned_table(cluster, jobs, caps, memo), fresh)
+    assert len(memo) == sum(j.throughput_obs != () and j.grad_noise_scale is not None for j in jobs) > 0
+    assert np.array_equal(og.tuned_table(cluster, jobs, caps, memo), fresh)  # read back from the memo
     assert np.array_equal(og.current_goodput(cluster, jobs, current, table=fresh)[0],
                           og.current_goodput(cluster, jobs, current)[0])
     i = next(i for i, j in enumerate(jobs) if j.throughput_obs and j.grad_noise_scale is not None)
     moved = list(jobs)
     moved[i] = replace(jobs[i], grad_noise_scale=jobs[i].grad_noise_scale * 50)
-    table = og.tuned_table(cluster, moved, caps)
+    table = og.tuned_table(cluster, moved, caps, memo)
     assert not np.array_equal(table[i], fresh[i])
-    estimates.forget_fits()
-    assert not og._ROWS
     assert np.array_equal(og.tuned_table(cluster, moved, caps), table)
 
 
-def test_the_goodput_row_memo_stays_within_its_cell_budget(monkeypatch):
-    from ones_pipeline.core import estimates
+def test_the_goodput_row_memo_stays_within_its_cell_budget():
     from ones_pipeline.core.policies import ones_goodput as og
 
     cluster, jobs, _ = random_scheduler_state(np.random.default_rng(13), 60, 8, 4)
     caps = np.array([min(j.spec.gpu_cap, cluster.num_gpus) for j in jobs])
-    estimates.forget_fits()
-    expected = og.tuned_table(cluster, jobs, caps)
-    full = sum(r.size for r in og._ROWS.values())
-    estimates.forget_fits()
-    monkeypatch.setattr(og, "_MAX_ROW_CELLS", full)  # room for half of them at a time
-    for rotate in range(4):  # the same jobs in other orders: rows are dropped and made again
-        order = np.roll(np.arange(len(jobs)), 17 * rotate)
-        table = og.tuned_table(cluster, [jobs[i] for i in order], caps[order])
-        measured = np.array([og._measured(jobs[i]) for i in order])
-        assert np.array_equal(table[measured], expected[order][measured])  # memoised or made again
-        # (an unmeasured job's row uses its model's mean fit, summed in job order: equal to rounding)
-        assert np.allclose(table[~measured], expected[order][~measured], rtol=1e-12, atol=0)
-        assert og._row_cells == sum(r.size for r in og._ROWS.values()) <= full
-    estimates.forget_fits()
+    everything = og.GoodputRows()
+    expected = og.tuned_table(cluster, jobs, caps, everything)
+    full = everything.cells
+    memo = og.GoodputRows(max_cells=full // 2)  # room for half of them
+    kept = []
+    for start in range(0, 60, 15):  # a quarter of the jobs at a time: the memo fills, then drops old rows
+        sub = np.arange(start, start + 15)
+        table = og.tuned_table(cluster, [jobs[i] for i in sub], caps[sub], memo)
+        measured = np.array([jobs[i].throughput_obs != () and jobs[i].grad_noise_scale is not None for i in sub])
+        # memoised or made again (an unmeasured job's row depends on the other jobs of its model present)
+        assert np.array_equal(table[measured], expected[sub][measured])
+        assert 0 < memo.cells <= full // 2
+        kept.append(len(memo))
+    assert max(kept) < len(everything) and kept[-1] < sum(kept[:1]) + 15  # old rows were dropped
+    again = og.tuned_table(cluster, jobs, caps, memo)  # everything once more, through the smaller memo
+    assert np.array_equal(again, expected)
 
 
 def test_a_new_job_starts_at_the_batch_its_models_earlier_jobs_measured_best():
@@ -488,7 +482,7 @@ def test_a_job_is_valued_where_it_has_not_run_by_what_its_models_earlier_jobs_me
     assert fa.throughput_obs == own + mem[1:] and fa.spec is a.spec and fa.grad_noise_scale == a.grad_noise_scale
     assert fnew is new and falone is alone
     cluster = Cluster.uniform(4, 4)
-    tables = {fill: OnesPolicy(seed=0)._context(cluster, [fa] if fill else [a], Schedule(), 0.0).table[0]
+    tables = {fill: OnesPolicy(seed=0).context(cluster, [fa] if fill else [a], Schedule(), 0.0).table[0]
               for fill in (False, True)}
     assert tables[False][16] < tables[False][4] < tables[True][16]
     assert tables[True][[1, 4]] == pytest.approx(tables[False][[1, 4]], rel=0.01)  # where it ran: its own times

@@ -274,7 +274,8 @@ def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_
     assert fitted.tolist() == tp.fit_params(obs).as_array().ravel().tolist()  # the fit of a's step times
     assert fitted.tolist() != tp.DEFAULT_PARAMS.as_array().ravel().tolist()
     # A job that has measured its own steps is estimated from those alone; it still carries its model's step
-    # times (``ones`` values it by them where it has not run: ``ones_goodput.memory_filled_views``), not its model's noise scale.
+    # times (``ones`` values it by them where it has not run: ``ones_goodput.memory_filled_views``), not its
+    # model's noise scale.
     own = (ThroughputObs(1, 1, 32, 0.5, 0.0),)
     third = TickInputs(now=300.0, specs={"b": spec("b")}, finished=frozenset(), runs=[],
                        progress={"b": ProgressInfo(samples_done=32.0, throughput_obs=own)}, slot_ids=(0, 1),

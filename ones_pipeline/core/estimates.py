@@ -77,21 +77,10 @@ def _fit_all(observation_sets) -> None:
 
 
 def forget_fits() -> None:
-    """Drop the memoised step-time fits (this module's and ``goodput``'s) and the memos registered with
-    ``on_forget``, so the next decision fits every job from scratch, as the first decision of a fresh
-    process does."""
+    """Drop the memoised step-time fits (this module's and ``goodput``'s), so the next decision fits every
+    job from scratch, as the first decision of a fresh process does."""
     _LINEAR_FITS.clear()
     goodput.forget_fits()
-    for forget in _FORGET_HOOKS:
-        forget()
-
-
-_FORGET_HOOKS: list = []  # other memos of fitted values, cleared with the fits (``on_forget``)
-
-
-def on_forget(forget) -> None:
-    """Have ``forget_fits`` also call ``forget()`` (a memo built from the fits, e.g. ``ones``'s goodput rows)."""
-    _FORGET_HOOKS.append(forget)
 
 
 def remaining_work(jobs: Sequence[JobView]) -> np.ndarray:

@@ -35,8 +35,9 @@ import numpy as np
 from ones_pipeline.core import estimates
 from ones_pipeline.core.placement import schedule_from_counts
 from ones_pipeline.core.policies.base import PolicyBase, PolicyParams, check_float, check_int, check_probability
-from ones_pipeline.core.policies.ones_fitness import OnesContext as _Ctx
+from ones_pipeline.core.policies.ones_fitness import OnesContext
 from ones_pipeline.core.policies.ones_goodput import (
+    GoodputRows,
     current_goodput,
     memory_filled_views,
     memory_views,
@@ -159,6 +160,7 @@ class OnesPolicy(PolicyBase):
         self.population: dict[str, list[int]] = {}  # job name -> counts, one per individual
         self.last_generations = 0
         self.changed_at: dict[str, float] = {}  # job name -> when this policy last changed its GPU count
+        self._rows = GoodputRows()  # measured jobs' goodput rows, kept between decisions
 
     # -- persistence -------------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
@@ -180,10 +182,7 @@ class OnesPolicy(PolicyBase):
         # measured one is also valued by them where it has not run itself (it tunes on its own steps only).
         started = memory_views(jobs)
         jobs = memory_filled_views(started)
-        ctx = self._context(cluster, jobs, current, now_s)
-        if (hold_s := self.config.hold_s) > 0:  # jobs changed less than the hold ago keep their count
-            since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
-            ctx.lock = (since < hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
+        ctx = self.context(cluster, jobs, current, now_s)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
         best = pop[int(np.argmin(fit))]
         self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
@@ -191,12 +190,15 @@ class OnesPolicy(PolicyBase):
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), None, False)
         return tuned_schedule(cluster, started, schedule, current)
 
-    def _context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, now_s: float) -> _Ctx:
-        """The arrays of this decision at ``now_s``."""
+    def context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, now_s: float) -> OnesContext:
+        """What a decision at ``now_s`` searches over (``OnesContext``: caps, goodput table, remaining work,
+        churn charges, wait weights, the jobs the hold keeps), for ``jobs`` as the policy values them (``decide``
+        passes the model memory's views). Reads this policy's state (when it changed each job), changes none
+        of it but its memo of goodput rows."""
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = scale_limits(jobs, np.array([min(j.spec.gpu_cap, G) for j in jobs], dtype=np.int64))
-        table = tuned_table(cluster, jobs, caps)  # (J, N+1)
+        table = tuned_table(cluster, jobs, caps, self._rows)  # (J, N+1)
         cur_rate, _ = current_goodput(cluster, jobs, current, table)  # (J,)
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
@@ -206,14 +208,17 @@ class OnesPolicy(PolicyBase):
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
-        ctx = _Ctx(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                   c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.tail_chain_plain)
+        ctx = OnesContext(G, caps, table, remaining, cur, changed_cost, submit, requested,
+                          c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.tail_chain_plain)
         if c.wait_weight is not None:  # the longer a job has waited, against its time left, the more it counts
             waited = np.maximum(now_s - submit - np.array([j.run_time_s for j in jobs]), 0.0)
             ctx.wait_weights = 1.0 + waited / (c.wait_weight * np.maximum(ctx.t_need, 1.0))
+        if (hold_s := c.hold_s) > 0:  # jobs changed less than the hold ago keep their count
+            since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
+            ctx.lock = (since < hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
         return ctx
 
-    def _search(self, ctx: _Ctx, jobs: Sequence[JobView]) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, ctx: OnesContext, jobs: Sequence[JobView]) -> tuple[np.ndarray, np.ndarray]:
         """Evolve the population for this round's generations (or until the time budget); keep it for the
         next round and return it, (P, J) GPU counts sorted fittest first, and its fitness (P,)."""
         c = self.config
@@ -237,7 +242,7 @@ class OnesPolicy(PolicyBase):
         self.population = {j.name: pop[:, i].tolist() for i, j in enumerate(jobs)}
         return pop, fit
 
-    def _initial_population(self, jobs: Sequence[JobView], ctx: _Ctx) -> np.ndarray:
+    def _initial_population(self, jobs: Sequence[JobView], ctx: OnesContext) -> np.ndarray:
         """(P, J) the previous round's individuals, the current schedule, the greedy seed and mutated
         copies of them, repaired."""
         P, J = self.config.population, len(jobs)
@@ -257,7 +262,7 @@ class OnesPolicy(PolicyBase):
             pop[rows:] = self._mutate(src, ctx)
         return ctx.repair(pop, self._rng)
 
-    def _breed(self, pop: np.ndarray, ctx: _Ctx) -> np.ndarray:
+    def _breed(self, pop: np.ndarray, ctx: OnesContext) -> np.ndarray:
         P, J = pop.shape
         rng = self._rng
         a = pop[rng.integers(0, P, size=P)]
@@ -265,7 +270,7 @@ class OnesPolicy(PolicyBase):
         mask = rng.random((P, J)) < CROSSOVER_P
         return self._mutate(np.where(mask, a, b), ctx)
 
-    def _mutate(self, pop: np.ndarray, ctx: _Ctx) -> np.ndarray:
+    def _mutate(self, pop: np.ndarray, ctx: OnesContext) -> np.ndarray:
         rng = self._rng
         out = pop.copy()
         out[rng.random(out.shape) < REMOVAL_P / max(1, out.shape[1]) * 4] = 0
@@ -275,6 +280,6 @@ class OnesPolicy(PolicyBase):
         return np.minimum(np.where(resize, resized, out), ctx.caps[None, :])
 
 
-def _order(ctx: _Ctx, counts: np.ndarray) -> np.ndarray:
+def _order(ctx: OnesContext, counts: np.ndarray) -> np.ndarray:
     """The order ``decide`` places jobs in: soonest to finish first (ties: earlier submission)."""
     return np.lexsort((ctx.submit, ctx.solo_time(counts)))

@@ -5,7 +5,17 @@ greedy seed individual of the search (``ones.py`` evolves them).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+
+class FitnessTerms(NamedTuple):
+    """The fitness's terms of each job in each individual, (P, J) each (``OnesContext.terms``)."""
+
+    start: np.ndarray  # s from now until the job runs: its churn charge, after its queue wait when queued
+    completion: np.ndarray  # predicted completion (s from now; a job late at the horizon by its tail), weighted
+    excess_gpu_s: np.ndarray  # GPU-seconds spent beyond its most GPU-efficient size (0: no GPU-time term)
 
 
 class OnesContext:
@@ -126,15 +136,17 @@ class OnesContext:
         before it finishes. Without the horizon, shrinking a long job would be charged as if it stayed small
         until the end, and long jobs would hog the cluster.
         """
-        completion, excess = self._job_terms(pop)
-        total = completion.sum(axis=1)
+        terms = self.terms(pop)
+        total = terms.completion.sum(axis=1)
         if self.gpu_time_weight > 0:
-            total = total + self.gpu_time_weight * excess.sum(axis=1) / self.G
+            total = total + self.gpu_time_weight * terms.excess_gpu_s.sum(axis=1) / self.G
         return total
 
-    def _job_terms(self, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(P, J) each job's predicted completion (s from now) and GPU-seconds spent beyond its most
-        GPU-efficient size (``fitness``); the second is 0 with ``gpu_time_weight`` 0."""
+    def terms(self, pop: np.ndarray) -> FitnessTerms:
+        """Each job's terms of the fitness in each individual of ``pop`` (P, J): when it starts running (the
+        churn charge of a changed count; a queued job's wait for its request, then the charge), its predicted
+        completion (within the horizon, else the horizon plus its tail; times its wait weight), and the
+        GPU-seconds it spends beyond its most GPU-efficient size (0 when ``gpu_time_weight`` is 0)."""
         P, J = pop.shape
         H = self.horizon_s
         on = pop > 0
@@ -157,14 +169,14 @@ class OnesContext:
         if self.wait_weights is not None:
             completion = completion * self.wait_weights[None, :]
         if self.gpu_time_weight <= 0:
-            return completion, np.zeros_like(completion)
+            return FitnessTerms(start, completion, np.zeros_like(completion))
         # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond what the
         # same progress costs at the job's most GPU-efficient size delay queued and future jobs.
         busy = np.clip(np.minimum(done_by, H) - start, 0.0, None)
         progress = rate * busy
         used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
         ref = progress / self.best_rate_per_gpu[None, :]
-        return completion, np.maximum(used - ref, 0.0)
+        return FitnessTerms(start, completion, np.maximum(used - ref, 0.0))
 
     def _chain_tail(self, left: np.ndarray, is_late: np.ndarray) -> np.ndarray:
         """(P, J) ``tail_chain``: how long after the horizon each job still running there (``is_late``) takes to

@@ -117,13 +117,46 @@ def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, 
     return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
 
 
-def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray) -> np.ndarray:
-    """(J, N + 1) goodput of each job on n = 0..N GPUs placed on as few nodes as possible (N = max of
-    ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself.
+class GoodputRows:
+    """``tuned_table``'s memo of measured jobs' rows, owned by one policy: a measured job's row depends only on
+    its observations, noise scale, batch limits, cap and the node size, so it is kept under those, and a
+    decision recomputes only the rows of jobs whose statistics moved since the last (the rows of queued jobs,
+    about half, rarely do). At most ``max_cells`` values (32 MiB by default): past that the oldest rows go
+    until half the room is free."""
 
-    A measured job's row depends only on its observations, noise scale, batch limits, cap and the node
-    size, so it is memoised on those (``_ROWS``): a decision recomputes only the rows of jobs whose
-    statistics moved since the last (the rows of queued jobs, about half, rarely do)."""
+    def __init__(self, max_cells: int = 1 << 22) -> None:
+        self.max_cells = max_cells
+        self.cells = 0  # values held
+        self._rows: dict[tuple, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: tuple) -> np.ndarray | None:
+        return self._rows.get(key)
+
+    def keep(self, items: Sequence[tuple[tuple, np.ndarray]]) -> None:
+        """Keep these ``(key, row)`` pairs (rows read-only from now on), unless they alone fill half the room."""
+        adding = sum(row.size for _, row in items)
+        if adding > self.max_cells // 2:
+            return
+        if self.cells + adding > self.max_cells:  # forget the oldest rows until half the room is free
+            for key in list(self._rows):
+                if self.cells + adding <= self.max_cells // 2:
+                    break
+                self.cells -= self._rows.pop(key).size
+        for key, row in items:
+            row.setflags(write=False)
+            old = self._rows.get(key)
+            self.cells += row.size - (old.size if old is not None else 0)
+            self._rows[key] = row
+
+
+def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray,
+                memo: GoodputRows | None = None) -> np.ndarray:
+    """(J, N + 1) goodput of each job on n = 0..N GPUs placed on as few nodes as possible (N = max of
+    ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself; measured
+    jobs' rows read from and kept in ``memo`` (``GoodputRows``) when given."""
     J, N = len(jobs), int(caps.max())
     table = np.zeros((J, N + 1))
     gpn = max(cluster.gpus_per_node)
@@ -133,7 +166,7 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray) -> 
         if _measured(j):
             keys[i] = key = (obs_key(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
                              int(caps[i]), gpn)
-            row = _ROWS.get(key)
+            row = memo.get(key) if memo is not None else None
             if row is not None:
                 table[i, :row.size] = row
                 todo[i] = False
@@ -143,35 +176,9 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray) -> 
         rows = np.repeat(pending, sub)
         reps = np.concatenate([np.arange(1, c + 1) for c in sub])
         table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps)
-        global _row_cells
-        adding = int(sum(caps[i] + 1 for i in pending if keys[i] is not None))
-        if _row_cells + adding > _MAX_ROW_CELLS:  # forget the oldest rows until half the room is free
-            for key in list(_ROWS):
-                if _row_cells + adding <= _MAX_ROW_CELLS // 2:
-                    break
-                _row_cells -= _ROWS.pop(key).size
-        for i in pending:
-            if keys[i] is not None and adding <= _MAX_ROW_CELLS // 2:
-                row = table[i, :caps[i] + 1].copy()
-                row.setflags(write=False)
-                _row_cells += row.size - (old.size if (old := _ROWS.get(keys[i])) is not None else 0)
-                _ROWS[keys[i]] = row
+        if memo is not None:
+            memo.keep([(keys[i], table[i, :caps[i] + 1].copy()) for i in pending if keys[i] is not None])
     return table
-
-
-_ROWS: dict[tuple, np.ndarray] = {}  # ``tuned_table``'s memo of measured jobs' rows
-_MAX_ROW_CELLS = 1 << 22  # values kept at most (32 MiB)
-_row_cells = 0
-
-
-def forget_rows() -> None:
-    """Drop ``tuned_table``'s memoised rows (with the fits: ``estimates.forget_fits``)."""
-    global _row_cells
-    _ROWS.clear()
-    _row_cells = 0
-
-
-estimates.on_forget(forget_rows)
 
 
 def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
