@@ -26,7 +26,6 @@ import tracemalloc
 import numpy as np
 from ones_options import ones_options  # same folder (the script's folder is on sys.path)
 
-from ones_pipeline.core.estimates import forget_fits
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.sim.runner import ALL_POLICIES
 from ones_pipeline.sim.synthetic import random_scheduler_state
@@ -42,9 +41,7 @@ def time_policy(name: str, gpus: int, jobs: int, gpn: int, repeats: int, params:
         rng = np.random.default_rng(100 + rep)
         cluster, views, current = random_scheduler_state(rng, jobs, gpus // gpn, gpn)
         policy = make_policy(name, seed=rep, **(params or {}))
-        # A first decision fits every job's step-time model; the fits are cached by their observations, so
-        # without this a row timed after another on the same states (``ones*``) would skip them.
-        forget_fits()
+        # A first decision fits every job's step-time model (a new policy keeps no fits: nothing is skipped).
         t0 = time.perf_counter()
         schedule = policy.decide(1000.0, cluster, views, current)
         t1 = time.perf_counter()

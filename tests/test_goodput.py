@@ -14,6 +14,8 @@ from ones_pipeline.core.types import (
     Allocation,
     Cluster,
     JobSpec,
+    JobStatus,
+    JobView,
     Schedule,
     SharedObs,
     StoppingRule,
@@ -295,26 +297,35 @@ def test_a_jobs_batched_fit_does_not_depend_on_its_batch(monkeypatch):
 
 
 def test_fit_many_fills_the_memo_that_fitted_reads():
-    sets = [s[:-1] + (ThroughputObs(1, 1, 48, 0.123, 0.0),) for s in well_posed_sets()[:4]]  # not fitted yet
-    gp.fit_many(sets + [()])
+    sets = [s[:-1] + (ThroughputObs(1, 1, 48, 0.123, 0.0),) for s in well_posed_sets()[:4]]
+    fits = gp.Fits()
+    gp.fit_many(sets + [()], fits)
+    assert set(fits.perf) == set(sets)
     for s in sets:
-        p = gp.fitted(s)
-        assert gp.fitted(s) is p and not p.flags.writeable
+        p = gp.fitted(s, fits)
+        assert gp.fitted(s, fits) is p and not p.flags.writeable
         assert np.array_equal(p, gp.fit_perf_params(s))
+        alone = gp.fitted(s)  # no memo: fitted afresh, to the same parameters
+        assert alone is not p and np.array_equal(alone, p)
     with pytest.raises(ValueError, match="at least one observation"):
-        gp.fitted(())
+        gp.fitted((), fits)
 
 
-def test_forget_fits_makes_the_next_decision_fit_from_scratch():
+def test_each_owner_keeps_its_own_fits_within_its_limit():
     from ones_pipeline.core import estimates
 
-    s = well_posed_sets()[0][:-1] + (ThroughputObs(1, 1, 40, 0.111, 0.0),)
-    first = gp.fitted(s)
-    estimates._fit_cached(s)
-    estimates.forget_fits()
-    assert not estimates._LINEAR_FITS
-    again = gp.fitted(s)
-    assert again is not first and np.array_equal(again, first)  # refitted, to the same parameters
+    sets = [s[:-1] + (ThroughputObs(1, 1, 40 + k, 0.111, 0.0),) for k, s in enumerate(well_posed_sets()[:5])]
+    mine, yours = gp.Fits(limit=4), gp.Fits()
+    for s in sets[:4]:
+        gp.fitted(s, mine)
+    assert len(mine.perf) == 4 and not yours.perf  # nothing shared through the module
+    gp.fitted(sets[4], mine)  # past the limit: the oldest half goes
+    assert list(mine.perf) == sets[3:] and np.array_equal(gp.fitted(sets[0], mine), gp.fit_perf_params(sets[0]))
+    views = [JobView(spec=JobSpec(name=f"j{k}", model="m", dataset_size=1000, per_gpu_batch=32),
+                     status=JobStatus.RUNNING, submit_time_s=0.0, throughput_obs=s) for k, s in enumerate(sets)]
+    a = estimates.fitted_params(views, fits=yours)
+    assert len(yours.linear) == 5 and not yours.perf
+    assert np.array_equal(a.as_array(), estimates.fitted_params(views).as_array())
 
 
 def test_split_rules():
@@ -455,5 +466,6 @@ def test_shared_obs_is_the_plain_tuple_as_a_key():
     assert shared == obs and hash(shared) == hash(obs) and hash(shared) == hash(shared)
     memo = {obs: 1}
     assert memo[shared] == 1 and obs_key(shared) is shared and obs_key(list(obs)) == obs
-    gp.fit_many([shared])
-    assert np.array_equal(gp.fitted(obs), gp.fitted(shared))
+    fits = gp.Fits()
+    gp.fit_many([shared], fits)
+    assert gp.fitted(obs, fits) is gp.fitted(shared, fits)

@@ -22,8 +22,8 @@ Parameters the data cannot inform stay at their floor: with no multi-GPU observa
 nearly free, with no multi-node one crossing nodes costs 1.1x the in-node network, with one micro-batch
 size ``ac`` is half the compute time. The model is therefore optimistic about what a job has not tried,
 which is what lets a goodput-driven scheduler scale a job out (and then correct itself).
-Fits are memoised per observation tuple (``fitted``); a policy fits all its jobs' new tuples in one
-batched BFGS run (``fit_many``) rather than one job after the other.
+Fits are memoised per observation tuple in a ``Fits`` its owner keeps (``fitted``); a policy fits all its
+jobs' new tuples in one batched BFGS run (``fit_many``) rather than one job after the other.
 
 Statistical efficiency of a total batch ``M`` with gradient noise scale ``gns`` measured at base batch
 ``M0``: ``(gns + M0) / (gns + M)`` (``core.efficiency``). Goodput = throughput x efficiency, in base-batch
@@ -415,54 +415,49 @@ def batch_limits(spec: JobSpec) -> tuple[float, float, float, float]:
     return m0, top, lo_micro, max(hi_micro, lo_micro)
 
 
-_FITS: dict[tuple[ThroughputObs, ...], np.ndarray] = {}
-_MAX_FITS = 65536
+class Fits:
+    """Fitted step-time parameters memoised on the observation tuple, owned by whoever fits (a policy, the
+    simulator's job side, a job's batch tuner; nothing is shared through module state): ``perf`` this
+    module's model (``fit_many``, ``fitted``), ``linear`` ``core.estimates``' model; each at most ``limit``
+    tuples, the oldest half forgotten past it. A job refits only when it has run somewhere new."""
+
+    def __init__(self, limit: int = 65536) -> None:
+        self.limit = limit
+        self.perf: dict[tuple[ThroughputObs, ...], np.ndarray] = {}
+        self.linear: dict[tuple[ThroughputObs, ...], object] = {}
+
+    def make_room(self, memo: dict, adding: int) -> None:
+        for key in list(memo)[: len(memo) // 2 + adding] if len(memo) + adding > self.limit else ():
+            del memo[key]
 
 
-def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]]) -> None:
-    """Fit, in one batch (``fit_perf_params_many``), every non-empty observation tuple ``fitted`` has not
-    memoised yet: a policy calls it once per decision, before it asks ``fitted`` job by job."""
-    todo = list(dict.fromkeys(t for s in observation_sets if (t := obs_key(s)) and t not in _FITS))
-    if not todo:
-        return
-    if len(_FITS) + len(todo) > _MAX_FITS:  # forget the oldest half
-        for key in list(_FITS)[: len(_FITS) // 2 + len(todo)]:
-            del _FITS[key]
+def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]], fits: Fits) -> None:
+    """Fit in one batch (``fit_perf_params_many``) every non-empty observation tuple not in ``fits`` yet: a
+    policy calls it once per decision, before it asks ``fitted`` job by job."""
+    todo = list(dict.fromkeys(t for s in observation_sets if (t := obs_key(s)) and t not in fits.perf))
+    fits.make_room(fits.perf, len(todo))
     for key, p in zip(todo, fit_perf_params_many(todo), strict=True):
         p.setflags(write=False)
-        _FITS[key] = p
+        fits.perf[key] = p
 
 
-def forget_fits() -> None:
-    """Drop every memoised fit (a benchmark timing a decision that fits from scratch)."""
-    _FITS.clear()
-
-
-def fitted(observations: tuple[ThroughputObs, ...]) -> np.ndarray:
-    """(7,) read-only ``fit_perf_params`` of one job, memoised on the observation tuple (a job refits
-    only when it has run on a configuration it had not seen)."""
-    p = _FITS.get(observations)
-    if p is None:
-        if not observations:
-            raise ValueError("fitted needs at least one observation")
-        fit_many([observations])
-        p = _FITS[observations]
-    return p
+def fitted(observations: tuple[ThroughputObs, ...], fits: Fits | None = None) -> np.ndarray:
+    """(7,) read-only ``fit_perf_params`` of one job, memoised in ``fits`` (fitted afresh without)."""
+    if not observations:
+        raise ValueError("fitted needs at least one observation")
+    fits = fits if fits is not None else Fits()
+    if observations not in fits.perf:
+        fit_many([observations], fits)
+    return fits.perf[observations]
 
 
 def job_batch(spec: JobSpec, observations: Sequence[ThroughputObs], gns: float | None, nodes: int,
-              replicas: int) -> tuple[int, int]:
+              replicas: int, fits: Fits | None = None) -> tuple[int, int]:
     """``(micro-batch, accumulation steps)`` a job picks for itself on ``nodes`` nodes x ``replicas``
     GPUs, as AdaptDL's trainer does: the goodput-optimal batch under its own fitted model and measured
     noise scale; before it has measured anything, max(M0, smallest micro-batch x GPUs). The micro-batch is
     then capped so the total stays within the largest batch."""
-    limits = batch_limits(spec)
-    picked = None
-    if observations and gns is not None:
-        m0, top, lo_micro, hi_micro = limits
-        _, micro, accum = best_batch(fitted(obs_key(observations)), gns, m0, top, lo_micro, hi_micro, nodes, replicas)
-        picked = int(micro), int(accum)
-    return _settled(limits, picked, replicas)
+    return job_batches([spec], [observations], [gns], [nodes], [replicas], fits)[0]
 
 
 def _settled(limits: tuple[float, float, float, float], picked: tuple[int, int] | None,
@@ -480,7 +475,8 @@ def _settled(limits: tuple[float, float, float, float], picked: tuple[int, int] 
 
 
 def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[ThroughputObs]],
-                gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int]) -> list[tuple[int, int]]:
+                gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int],
+                fits: Fits | None = None) -> list[tuple[int, int]]:
     """``job_batch`` of many allocations at once (the i-th job on ``nodes[i]`` x ``replicas[i]``), the same
     values: the measured jobs' batch searches run as one ``best_batch`` call (a decision that starts or resizes
     thousands of jobs would otherwise search them one after the other)."""
@@ -488,9 +484,10 @@ def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[Throug
     measured = [i for i in range(len(specs)) if observations[i] and gns[i] is not None]
     if measured:
         obs = [tuple(observations[i]) for i in measured]
-        fit_many(obs)
+        fits = fits if fits is not None else Fits()
+        fit_many(obs, fits)
         lim = np.array([batch_limits(specs[i]) for i in measured])  # (M, 4)
-        _, micro, accum = best_batch(np.stack([fitted(t) for t in obs]),
+        _, micro, accum = best_batch(np.stack([fitted(t, fits) for t in obs]),
                                      np.array([gns[i] for i in measured], dtype=float), *lim.T,
                                      np.array([nodes[i] for i in measured], dtype=float),
                                      np.array([replicas[i] for i in measured], dtype=float))

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ones_pipeline.core import estimates
+from ones_pipeline.core.goodput import Fits
 from ones_pipeline.core.placement import schedule_from_counts
 from ones_pipeline.core.policies.base import PolicyBase, PolicyParams, check_float, check_int, check_probability
 from ones_pipeline.core.policies.ones_fitness import OnesContext
@@ -161,6 +162,7 @@ class OnesPolicy(PolicyBase):
         self.last_generations = 0
         self.changed_at: dict[str, float] = {}  # job name -> when this policy last changed its GPU count
         self._rows = GoodputRows()  # measured jobs' goodput rows, kept between decisions
+        self._fits = Fits()  # step-time fits, kept between decisions
 
     # -- persistence -------------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
@@ -188,7 +190,7 @@ class OnesPolicy(PolicyBase):
         self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
                            for i, j in enumerate(jobs) if best[i] != ctx.cur[i] or j.name in self.changed_at}
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), None, False)
-        return tuned_schedule(cluster, started, schedule, current)
+        return tuned_schedule(cluster, started, schedule, current, self._fits)
 
     def context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, now_s: float) -> OnesContext:
         """What a decision at ``now_s`` searches over (``OnesContext``: caps, goodput table, remaining work,
@@ -198,8 +200,8 @@ class OnesPolicy(PolicyBase):
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = scale_limits(jobs, np.array([min(j.spec.gpu_cap, G) for j in jobs], dtype=np.int64))
-        table = tuned_table(cluster, jobs, caps, self._rows)  # (J, N+1)
-        cur_rate, _ = current_goodput(cluster, jobs, current, table)  # (J,)
+        table = tuned_table(cluster, jobs, caps, self._rows, self._fits)  # (J, N+1)
+        cur_rate, _ = current_goodput(cluster, jobs, current, table, self._fits)  # (J,)
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])

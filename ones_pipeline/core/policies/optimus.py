@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ones_pipeline.core import estimates
+from ones_pipeline.core.goodput import Fits
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policies.base import PolicyBase
 from ones_pipeline.core.policies.common import active_views, held_gpus, new_allocation, submit_order, workload_batch
@@ -40,6 +41,7 @@ class OptimusPolicy(PolicyBase):
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)
+        self._fits = Fits()  # step-time fits, kept between decisions
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
         views = submit_order(active_views(self.name, jobs))
@@ -58,7 +60,7 @@ class OptimusPolicy(PolicyBase):
         """(J,) GPUs per job, for jobs in submit order."""
         J = len(views)
         gpn = max(cluster.gpus_per_node)
-        params = estimates.fitted_params(views)  # (J,) fields
+        params = estimates.fitted_params(views, fits=self._fits)  # (J,) fields
         work = estimates.remaining_work(views)  # (J,) base-equivalent samples
         gns = estimates.noise_scales(views)  # unused without efficiency, but keeps goodput_of's signature
         base = np.array([v.spec.per_gpu_batch for v in views], dtype=float)

@@ -165,6 +165,7 @@ class SiaPolicy(PolicyBase):
                  round_decimals: int | None = 2, pinned_models: Sequence[str] = ("ncf",),
                  jobs_tune_batch: bool = True, preserve_restarting: bool = True) -> None:
         super().__init__(seed)
+        self.fits = gp.Fits()  # step-time fits, kept between decisions
         n = self.name
         self.fairness_p = check_float(n, "fairness_p", fairness_p, -10.0, 10.0)
         if self.fairness_p == 0:
@@ -232,7 +233,8 @@ class SiaProblem:
         running = self.cur > -2
         self.fixed = self._restarting(now_s, running)  # (J,)
         self.capacity = cluster.num_gpus - sum(len(self.held[self.names[j]]) for j in np.flatnonzero(self.fixed))
-        self.speedup = normalised_goodput(views, self.cfg_nodes, self.widths, valid, self.pinned)  # (J, K)
+        self.speedup = normalised_goodput(views, self.cfg_nodes, self.widths, valid, self.pinned,
+                                          policy.fits)  # (J, K)
         self.factor = self._restart_factor(now_s)  # (J,)
         self.A, self.value, self.value_none, self.gains = self._objective_terms(valid, running)
 
@@ -350,7 +352,7 @@ class SiaProblem:
                 batch = alloc.global_batch
             elif tuned:
                 micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale,
-                                            int(self.cfg_nodes[k]), n)
+                                            int(self.cfg_nodes[k]), n, self.policy.fits)
                 batch = n * micro * (accum + 1)
             else:
                 batch = workload_batch(v.spec)
@@ -360,7 +362,7 @@ class SiaProblem:
 
 
 def normalised_goodput(views: Sequence[JobView], cfg_nodes: np.ndarray, widths: np.ndarray, valid: np.ndarray,
-                       pinned: np.ndarray) -> np.ndarray:
+                       pinned: np.ndarray, fits: gp.Fits | None = None) -> np.ndarray:
     """(J, K) goodput of each job on each configuration at its best batch, over its smallest positive
     value on its valid configurations; 0 where invalid. Jobs without a model (or pinned, or without any
     positive goodput): 1 on the 1-GPU configuration only."""
@@ -374,8 +376,9 @@ def normalised_goodput(views: Sequence[JobView], cfg_nodes: np.ndarray, widths: 
         jj, kk = np.nonzero(valid[idx])
         jj = idx[jj]
         lim = np.array([gp.batch_limits(views[j].spec) for j in modelled])  # (M, 4)
-        gp.fit_many(tuple(views[j].throughput_obs) for j in modelled)  # all new fits in one batch
-        params = np.stack([gp.fitted(tuple(views[j].throughput_obs)) for j in modelled])
+        fits = fits if fits is not None else gp.Fits()
+        gp.fit_many((tuple(views[j].throughput_obs) for j in modelled), fits)  # all new fits in one batch
+        params = np.stack([gp.fitted(tuple(views[j].throughput_obs), fits) for j in modelled])
         gns = np.array([float(views[j].grad_noise_scale) for j in modelled])
         pos = np.full(J, -1, dtype=np.int64)
         pos[idx] = np.arange(len(modelled))
