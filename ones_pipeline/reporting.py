@@ -295,3 +295,59 @@ def plot_slot_bars(bars: Sequence[SlotBar], jobs: Sequence[str], num_slots: int,
     ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_title(title)
     return save_png(fig, path, dpi)
+
+
+# ------------------------------------------------------------------------------------------------- per-load table
+def _load_of(label: str) -> str | None:
+    """The load of a Pollux workload label of ``benchmarks/policy_quality.py`` (``workload-3`` -> ``1.0``,
+    ``workload-3@1.5`` -> ``1.5``); None for another workload."""
+    if not label.startswith("workload-"):
+        return None
+    return label.partition("@")[2] or "1.0"
+
+
+def _ratio(value: float, ref: float | None) -> str:
+    return f"{value / ref:.3f}x" if ref else "-"
+
+
+def _tail(records: dict[str, dict[str, dict]], labels: list[str], key: str) -> str:
+    """``ones``'s summary ``key`` against ``pollux``'s over ``labels``: the worst workload's ratio, then the
+    ratio of the means over the workloads (``1.10x / 1.03x``)."""
+    ones = np.array([records[x]["ones"]["summary"][key] for x in labels])
+    pollux = np.array([records[x]["pollux"]["summary"][key] for x in labels])
+    return f"{float(np.max(ones / pollux)):.2f}x / {float(ones.mean() / pollux.mean()):.2f}x"
+
+
+def per_load_table(policies: list[str], records: dict[str, dict[str, dict]],
+                means_by: dict[str, dict[str, float]]) -> list[str]:
+    """Markdown lines of ``benchmarks/policy_quality.py``'s per-load table (``records``: workload label ->
+    policy -> its cached record, with ``summary`` and ``restarts_per_job``; ``means_by``: workload label ->
+    column -> mean JCT, the bound and the published Pollux among the columns): per load, each policy's mean
+    JCT over that load's workloads; ``ones`` against the
+    published Pollux (load 1.0), our ``pollux`` and ``sia`` and the bound (ratios of the means), its p99 JCT
+    and makespan against ``pollux``'s (worst workload, and ratio of the means), and restarts per job of
+    ``pollux``, ``sia`` and ``ones`` (mean over the workloads)."""
+    groups: dict[str, list[str]] = {}
+    for label in means_by:
+        if (load := _load_of(label)) is not None:
+            groups.setdefault(load, []).append(label)
+    if not groups or "ones" not in policies:
+        return []
+    cols = [p for p in policies if p in ("pollux", "sia", "ones")]
+    lines = ["Per load (mean over the load's Pollux workloads; ratios of the means; p99 and makespan: worst "
+             "workload / ratio of the means; restarts per job, mean over the workloads):", "",
+             "| load | workloads | published Pollux | " + " | ".join(cols)
+             + " | bound | ones / published | ones / pollux | ones / sia | ones / bound | p99 / pollux | "
+             "makespan / pollux | restarts per job (" + ", ".join(cols) + ") |", "|---|" + "---|" * (len(cols) + 10)]
+    for load in sorted(groups, key=float):
+        labs = groups[load]
+        mean = {c: float(np.mean([means_by[lab][c] for lab in labs])) for c in cols + ["bound"]}
+        pubs = [means_by[lab].get("published Pollux") for lab in labs]
+        pub = float(np.mean(pubs)) if all(pubs) else None
+        ratios = [_ratio(mean["ones"], ref) for ref in (pub, mean.get("pollux"), mean.get("sia"), mean["bound"])]
+        tails = [_tail(records, labs, key) if "pollux" in cols else "-" for key in ("p99_jct_s", "makespan_s")]
+        restarts = " / ".join(f"{np.mean([records[lab][c]['restarts_per_job'] for lab in labs]):.1f}" for c in cols)
+        lines.append(f"| {load} | {len(labs)} | {f'{pub:.0f} s' if pub else '-'} | "
+                     + " | ".join(f"{mean[c]:.0f} s" for c in cols) + f" | {mean['bound']:.0f} s | "
+                     + " | ".join(ratios + tails) + f" | {restarts} |")
+    return lines + [""]

@@ -1,15 +1,11 @@
-"""``benchmarks/policy_quality.py``'s per-load table: ratios of the means, the tails against ``pollux`` (worst
-workload and ratio of the means) and restarts per job, from simulation records."""
+"""``benchmarks/policy_quality.py``'s per-load table (``reporting.per_load_table``): ratios of the means, the
+tails against ``pollux`` (worst workload and ratio of the means) and restarts per job, from simulation records."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import policy_quality as pq  # noqa: E402
+from ones_pipeline.reporting import per_load_table
 
 POLICIES = ["pollux", "sia", "ones"]
 
@@ -36,7 +32,7 @@ def test_per_load_rows_group_by_load_and_report_tails_both_ways():
     records = _records(rng, labels)
     means_by = {lab: {p: records[lab][p]["summary"]["mean_jct_s"] for p in POLICIES} | {"bound": 100.0}
                 for lab in labels}
-    lines = pq._load_table(POLICIES, records, means_by)
+    lines = per_load_table(POLICIES, records, means_by)
     header = [c.strip() for c in lines[2].strip("|").split("|")]
     assert "p99 / pollux" in header and "restarts per job (pollux, sia, ones)" in header
     # Only Pollux workloads are grouped, in load order; the ONES trace is not a load.
@@ -57,10 +53,3 @@ def test_per_load_rows_group_by_load_and_report_tails_both_ways():
     assert half[header.index("makespan / pollux")].endswith(f" / {span:.2f}x")
     restarts = [np.mean([records[lab][p]["restarts_per_job"] for lab in labs]) for p in POLICIES]
     assert half[header.index("restarts per job (pollux, sia, ones)")] == " / ".join(f"{r:.1f}" for r in restarts)
-
-
-def test_default_workloads_cover_all_eight_at_every_load():
-    tokens = set(pq.DEFAULT_WORKLOADS)
-    for load in ("0.5", "1.25", "1.5"):
-        assert {f"{load}:{n}" for n in range(1, 9)} <= tokens
-    assert {str(n) for n in range(1, 9)} | {"ones50", "ones400"} <= tokens
