@@ -12,8 +12,8 @@ from ones_pipeline.sim.csv_fields import integer, number, read_header, read_rows
 from ones_pipeline.sim.ones_history import read_artifact_profile, read_job_history
 from ones_pipeline.sim.truth import TraceError
 
-FIELDS = (text("name"), number("time", low=0), integer("gpus", minimum=1, maximum=4096), number("acc", low=0, low_open=True, high=1),
-          text("kind", choices=("a", "b"), lower=True))
+FIELDS = (text("name"), number("time", low=0), integer("gpus", minimum=1, maximum=4096),
+          number("acc", low=0, low_open=True, high=1), text("kind", choices=("a", "b"), lower=True))
 HEADER = "name,time,gpus,acc,kind"
 
 
