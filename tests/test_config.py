@@ -129,7 +129,7 @@ BAD_SPECS = [
      ["unknown built-in model '2001-13-45'"]),
     ("mixed-key-types", "1: a\nmodel: mlp-digits\n", "1", ["field names are text", "int 1"]),
     ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")), None,
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)), None,
      ["expands to more than 10000 values"]),
     ("deep-nesting", "model: " + "[" * 100 + "]" * 100 + "\n", None, ["nested deeper than 32"]),
     ("long-bad-value", {**GOOD, "model": "m" * 100_000}, "model", ["unknown built-in model 'mmmm"]),
