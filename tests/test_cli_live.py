@@ -203,6 +203,43 @@ def test_a_second_daemon_for_the_same_project_is_refused(tmp_path, capsys):
         fake.kill()
 
 
+@pytest.mark.parametrize("state_dir", [".", "''", "assets", "resources/.."])
+def test_fresh_never_deletes_the_project(tmp_path, capsys, state_dir):
+    """Issue 40, finding 2: with state_dir '.' or '' and a dagster/ folder from `ones init`, --fresh deleted
+    the whole project (specs, resources, the user's files)."""
+    from ones_pipeline.cli import main
+
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text(f"state_dir: {state_dir}\ncluster: {{gpus: none}}\n")
+    (tmp_path / "assets" / "jobs").mkdir(parents=True)
+    (tmp_path / "assets" / "jobs" / "a.yaml").write_text("model: mlp-digits\n")
+    (tmp_path / "dagster").mkdir()
+    (tmp_path / "assets" / "dagster").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["run", "--project", str(tmp_path), "--fresh"]) == 2
+    assert "--fresh refuses to clear" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").exists() and (tmp_path / "assets" / "jobs" / "a.yaml").exists()
+    assert (tmp_path / "resources" / "local.yaml").exists() and (tmp_path / "dagster").exists()
+
+
+def test_fresh_deletes_what_ones_created_and_keeps_the_rest(tmp_path, capsys):
+    from ones_pipeline.cli import main
+
+    state = tmp_path / ".ones" / "state"
+    for d in ("dagster", "jobs/a", "policy", "report"):
+        (state / d).mkdir(parents=True)
+    for f in ("mlflow.db", "decisions.jsonl", "failed_jobs.json", "jobs/a/result.json", "mine.txt"):
+        (state / f).write_text("x")
+    assert main(["run", "--project", str(tmp_path), "--fresh"]) == 2  # no spec: stops after --fresh
+    out = capsys.readouterr()
+    assert "--fresh: deleted" in out.out and "kept what ones did not create: mine.txt" in out.out
+    assert sorted(p.name for p in state.iterdir()) == ["mine.txt"]
+    (state / "mine.txt").unlink()
+    (state / "dagster").mkdir()
+    assert main(["run", "--project", str(tmp_path), "--fresh"]) == 2
+    assert not state.exists()  # emptied: removed
+
+
 def test_eta_comes_from_wall_clock_progress():
     from ones_pipeline.cli.status import eta_text
 

@@ -131,15 +131,32 @@ def cmd_up(env: EnvConfig, host: str, port: int) -> int:
 
 
 def _start_fresh(env: EnvConfig) -> bool:
-    """``--fresh``: delete the state directory, refusing one that does not look like ours."""
-    if not env.state_dir.exists():
+    """``--fresh``: delete what the product created in the state directory (``StateLayout.known_entries``),
+    nothing else; refuse a state directory that is, or holds, the project, its specs or its resources."""
+    state = env.state_dir.resolve()
+    if not state.exists():
         return True
-    if not env.layout.dagster_home.is_dir() and any(env.state_dir.iterdir()):
-        print(f"ones run: --fresh refuses to delete {env.state_dir}: it does not look like a state directory "
-              "(no dagster/ inside)", file=sys.stderr)
+    keep = [env.project_dir.resolve(), env.jobs_dir.resolve(), env.path.parent.resolve()]
+    clash = next((p for p in keep if p == state or state in p.parents), None)
+    if clash is not None:
+        print(f"ones run: --fresh refuses to clear {env.state_dir}: it holds the project's {clash} "
+              "(set state_dir to a folder of its own, e.g. .ones/state)", file=sys.stderr)
         return False
-    shutil.rmtree(env.state_dir)
-    print(f"--fresh: deleted {env.state_dir}")
+    removed = []
+    for path in env.layout.known_entries():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(path.name)
+    left = sorted(p.name for p in state.iterdir())
+    if not left:
+        state.rmdir()
+    print(f"--fresh: deleted {', '.join(removed) or 'nothing'} in {env.state_dir}"
+          + (f" (kept what ones did not create: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''})"
+             if left else ""))
     return True
 
 
