@@ -268,3 +268,23 @@ def test_decision_lines_from_the_log(project: Path):
     env.layout.decisions.write_text("\n".join(json.dumps({**rows[0], "time_s": 1000.0 + i}) for i in range(9)))
     short = decision_lines(env, limit=4)
     assert len(short) == 5 and short[2] == "... 5 more ..." and short[-1].startswith("+   8 s")
+
+
+def test_init_and_status_with_an_unreachable_mlflow_give_one_line_within_seconds(tmp_path, capsys):
+    """Issue 40, finding 5: `ones init` ended in an uncaught TrackerError; `ones status` took 268 s."""
+    import time
+
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text(
+        "mlflow: {tracking_uri: 'http://127.0.0.1:9'}\ncluster: {gpus: none, cpu_slots: 1}\n")
+    (tmp_path / "assets" / "jobs").mkdir(parents=True)
+    (tmp_path / "assets" / "jobs" / "a.yaml").write_text(
+        "model: mlp-digits\nper_gpu_batch: 32\nstopping: {epochs: 1}\n")
+    assert main(["init", "--project", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ones init: MLflow: tracking URI 'http://127.0.0.1:9'"), err
+    t0 = time.monotonic()
+    assert main(["status", "--project", str(tmp_path)]) == 0
+    assert time.monotonic() - t0 < 30
+    err = capsys.readouterr().err
+    assert "MLflow progress unavailable" in err and "server not reachable within 5 s" in err

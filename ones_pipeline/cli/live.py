@@ -277,6 +277,13 @@ def run_command(args: argparse.Namespace) -> int:
     except (ConfigError, AlreadyRunning) as exc:
         print(f"ones {args.command}: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:  # MLflow's store unusable (unreachable within 5 s, unwritable): one line
+        from ones_pipeline.adapters.mlflow import TrackerError
+
+        if not isinstance(exc, TrackerError):
+            raise
+        print(f"ones {args.command}: MLflow: {exc}", file=sys.stderr)
+        return 2
     raise ValueError(f"unknown command {args.command}")
 
 
