@@ -288,3 +288,42 @@ def test_init_and_status_with_an_unreachable_mlflow_give_one_line_within_seconds
     assert time.monotonic() - t0 < 30
     err = capsys.readouterr().err
     assert "MLflow progress unavailable" in err and "server not reachable within 5 s" in err
+
+
+def test_the_child_setup_between_fork_and_exec_loads_no_shared_library(tmp_path):
+    """Issue 40: the daemon died at start in about one `ones run` in four with ld.so's RT_CONSISTENT
+    assertion: the pre-exec hook dlopen'ed (ctypes) in a child forked while another thread was in dlopen.
+    The hook now only calls what the parent resolved; an audit hook sees no dlopen and no import in it."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from ones_pipeline.cli.supervise import _child_setup, _prctl\n"
+            "prctl = _prctl()\n"
+            "seen = []\n"
+            "watched = ('ctypes.dlopen', 'import')\n"
+            "sys.addaudithook(lambda event, args: seen.append(event) if event in watched else None)\n"
+            "_child_setup(os.getppid(), prctl)\n"
+            "print(sorted(set(seen)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_daemon_dead_of_the_loader_race_is_told_apart(tmp_path):
+    import subprocess
+    import sys
+
+    from ones_pipeline.cli.supervise import died_of_the_loader_race
+
+    log = tmp_path / "daemon.log"
+    log.write_bytes(b"an earlier start's output: Inconsistency detected by ld.so\n")
+    offset = log.stat().st_size
+    line = "Inconsistency detected by ld.so: dl-open.c: 581: dl_open_worker_begin: Assertion failed!"
+    for exit_code, text, expected in ((127, line, True), (1, line, False), (127, "other", False)):
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen([sys.executable, "-c", f"import sys; print({text!r}); sys.exit({exit_code})"],
+                                    stdout=fh)
+            proc.wait()
+        assert died_of_the_loader_race(proc, log, offset) is expected
+        offset = log.stat().st_size

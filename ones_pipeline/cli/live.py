@@ -20,6 +20,7 @@ from ones_pipeline.cli.status import STATUS_COLUMNS, cmd_status, decision_lines,
 from ones_pipeline.cli.supervise import (
     AlreadyRunning,
     dagster_bin,
+    died_of_the_loader_race,
     process_cmdlines,
     refuse_if_running,
     running_dagster,
@@ -30,6 +31,7 @@ from ones_pipeline.cli.supervise import (
 from ones_pipeline.config import ConfigError, EnvConfig, load_env, load_job_specs, parse_job_spec, read_yaml
 
 LIVE_COMMANDS = ("init", "up", "run", "submit", "status")
+DAEMON_STARTS = 3  # starts of the daemon `ones run` tries when it dies of the loader's start-up abort
 
 
 class SubcommandAdder(Protocol):
@@ -174,12 +176,19 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
     log_path = env.layout.daemon_log
     print(f"running the scheduler headless for {len(specs)} job(s) ({', '.join(sorted(specs))}); "
           f"daemon log: {log_path}", flush=True)
-    proc = start_process([dagster_bin("dagster-daemon"), "run", "-m", "ones_pipeline.definitions"], env, log_path)
     stop: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 1
     try:
-        code = _watch(env, specs, proc, stop, timeout_s, status_every_s)
+        for attempt in range(1, DAEMON_STARTS + 1):
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            proc = start_process([dagster_bin("dagster-daemon"), "run", "-m", "ones_pipeline.definitions"], env,
+                                 log_path)
+            code = _watch(env, specs, proc, stop, timeout_s, status_every_s)
+            if stop or attempt == DAEMON_STARTS or not died_of_the_loader_race(proc, log_path, offset):
+                break
+            print(f"ones run: the Dagster daemon died at start-up (ld.so: RT_CONSISTENT, exit {proc.returncode}; "
+                  f"{log_path}); starting it again ({attempt + 1} of {DAEMON_STARTS})", file=sys.stderr, flush=True)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
