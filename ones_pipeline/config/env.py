@@ -224,7 +224,7 @@ def _parse_docker(path: Path, d: Mapping, project_dir: Path) -> DockerConfig:
         raise ConfigError(path, "launcher.docker.environment", f"expected a mapping, got {shown(env)}")
     for k, v in env.items():
         if v is None or isinstance(v, (Mapping, list)):
-            raise ConfigError(path, f"launcher.docker.environment.{str(k)[:40]}",
+            raise ConfigError(path, f"launcher.docker.environment.{shown(str(k)).strip(chr(39))}",
                               f"expected a string or number, got {shown(v)}")
     pre = "launcher.docker."
     return DockerConfig(
