@@ -88,6 +88,21 @@ def _check_events(path: Path, text: str, loader) -> None:
             done(None, sizes.get(event.anchor, 1))
 
 
+def _check_text(path: Path, data: Any, where: str = "") -> None:
+    """No NUL character in any key or value: no path, argv or name can hold one (a launch would fail)."""
+    if isinstance(data, str):
+        if "\x00" in data:
+            raise ConfigError(path, where or None, f"{shown(data)} contains a NUL character")
+    elif isinstance(data, Mapping):
+        for key, value in data.items():
+            _check_text(path, key, where)
+            name = shown(str(key)).strip("'")
+            _check_text(path, value, f"{where}.{name}" if where else name)
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            _check_text(path, value, f"{where}[{i}]")
+
+
 def read_yaml(path: Path) -> Any:
     """The document in ``path``: UTF-8, plain YAML (no tags, small alias expansion), or a ConfigError."""
     import yaml
@@ -109,7 +124,9 @@ def read_yaml(path: Path) -> Any:
     loader = _loader()
     try:
         _check_events(path, text, loader)
-        return yaml.load(text, Loader=loader)
+        data = yaml.load(text, Loader=loader)
+        _check_text(path, data)
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
