@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE
+from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE, shown
 from ones_pipeline.sim.csv_fields import Row, integer, number, read_rows
 from ones_pipeline.sim.ones_trace_reader import TraceRow, read_ones_trace
 from ones_pipeline.sim.truth import TraceError
@@ -159,7 +159,7 @@ def read_artifact_profile(path: str | Path) -> dict[int, float]:
     for row in read_artifact_rows(path):
         jid = row["id"]
         if jid in out:
-            raise row.error("id", f"repeated job id {row.raw['id']!r} (first at row {first[jid]}); "
+            raise row.error("id", f"repeated job id {shown(row.raw['id'])} (first at row {first[jid]}); "
                                   "allowed: each trace row once")
         first[jid] = row.number
         out[jid] = row["execution_time"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE, MAX_GPUS, MAX_LR, MAX_PATIENCE, MIN_LR
+from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE, MAX_GPUS, MAX_LR, MAX_PATIENCE, MIN_LR, shown
 from ones_pipeline.sim.csv_fields import integer, number, read_rows, text
 from ones_pipeline.sim.ones_job_types import JOB_TYPES, JobType, allowed_pairs
 from ones_pipeline.sim.truth import MAX_ARRIVAL_S
@@ -57,8 +57,9 @@ def read_ones_trace(path: str | Path) -> list[TraceRow]:
     for row in read_rows(path, TRACE_FIELDS, what="trace file"):
         v = row.values
         if (v["model"], v["task"]) not in JOB_TYPES:
+            pair = shown(f"{v['model']}/{v['task']}")
             raise row.error("model" if v["model"] not in models else "task",
-                            f"unknown model/task {v['model']}/{v['task']}; allowed: {', '.join(allowed_pairs())}")
+                            f"unknown model/task {pair}; allowed: {', '.join(allowed_pairs())}")
         if not v["max_lr"] >= v["lr"]:
             raise row.out_of_range("max_lr", f"a number >= lr ({v['lr']:g})")
         out.append(TraceRow(row.number - 1, **v))
