@@ -72,7 +72,7 @@ def test_submit_refuses_existing_without_force(project: Path, tmp_path: Path, ca
 
 @pytest.mark.parametrize("data, needles", [
     ({**SPEC, "model": "gpt-5"}, ["field 'model'", "'gpt-5'", "allowed: mlp-digits, cnn-digits"]),
-    ({**SPEC, "per_gpu_batch": -1}, ["field 'per_gpu_batch'", "out-of-range value -1", "allowed: an integer in [1, 1048576]"]),
+    ({**SPEC, "per_gpu_batch": -1}, ["field 'per_gpu_batch'", "out-of-range value -1", "in [1, 1048576]"]),
     ("model: mlp-digits\nper_gpu_batch: 32\n  stopping: {epochs: 2}\n", ["not valid YAML", "line 3"]),
 ], ids=["unknown-model", "negative-batch", "invalid-yaml"])
 def test_submit_invalid_spec_exits_2_and_copies_nothing(project: Path, tmp_path: Path, capsys, data, needles):
