@@ -292,18 +292,24 @@ def _parse_scheduler(path: Path, s: Mapping) -> SchedulerConfig:
         min_run_s=get_field(path, s, "min_run_s", float, 30.0, prefix=pre, minimum=0, maximum=MAX_SECONDS))
 
 
-def _state_dir(path: Path, state_dir: Path) -> Path:
-    """The state directory, refused when it cannot hold one: a file, or under /proc, /sys or /dev."""
-    resolved = state_dir.resolve()
+def _usable_dir(path: Path, key: str, folder: Path) -> Path:
+    """``folder`` (``state_dir``, ``jobs_dir``), refused when it cannot be one: a file, a name the system
+    refuses (too long), or under /proc, /sys or /dev."""
+    try:
+        resolved = folder.resolve()
+        probe = resolved
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        is_dir = probe.is_dir()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(path, key, f"{shown(str(folder))} cannot be a directory here "
+                                     f"({getattr(exc, 'strerror', None) or exc})") from None
     if any(resolved == Path(p) or Path(p) in resolved.parents for p in ("/proc", "/sys", "/dev")):
-        raise ConfigError(path, "state_dir", f"{shown(str(state_dir))} is under /{resolved.parts[1]}: choose a "
-                                             "directory on a disk (default .ones/state)")
-    probe = resolved
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(path, "state_dir", f"{shown(str(probe))} is a file, not a directory")
-    return state_dir
+        raise ConfigError(path, key, f"{shown(str(folder))} is under /{resolved.parts[1]}: choose a directory "
+                                     "on a disk")
+    if not is_dir:
+        raise ConfigError(path, key, f"{shown(str(probe))} is a file, not a directory")
+    return folder
 
 
 def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike, name: str) -> EnvConfig:
@@ -323,10 +329,10 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
         raise ConfigError(path, "launcher.kind" if cluster.slurm is not None else "cluster.slurm",
                           "a Slurm cluster needs launcher.kind: slurm, and launcher.kind: slurm needs cluster.slurm "
                           "(partition: NAME): the runs must go where the slots are")
-    state_dir = _state_dir(path, _dir("state_dir", ".ones/state"))
     return EnvConfig(
-        name=name, path=path, project_dir=project_dir, jobs_dir=_dir("jobs_dir", "assets/jobs"),
-        state_dir=state_dir, cluster=cluster, launcher=launcher,
+        name=name, path=path, project_dir=project_dir,
+        jobs_dir=_usable_dir(path, "jobs_dir", _dir("jobs_dir", "assets/jobs")),
+        state_dir=_usable_dir(path, "state_dir", _dir("state_dir", ".ones/state")), cluster=cluster, launcher=launcher,
         mlflow=_parse_mlflow(path, _section(path, data, "mlflow")),
         policy=_parse_policy(path, _section(path, data, "policy")),
         scheduler=_parse_scheduler(path, _section(path, data, "scheduler")))

@@ -46,6 +46,8 @@ def check_env(project):
 @example({"state_dir": "\x00"})  # found by --fuzz-long: ValueError (embedded null byte) from Path.resolve
 @example({"cluster.cpu_slots": 2**40})  # issue 40: beyond a C int
 @example({"state_dir": "/proc/self/x"})
+@example({"state_dir": "x" * 5000})  # found by --fuzz-long: OSError (file name too long) from Path.exists
+@example({"jobs_dir": "x" * 5000})
 def test_a_mutated_environment_is_accepted_or_refused_in_one_line(tmp_path_factory, mutations):
     project = tmp_path_factory.mktemp("project")
     data = dict(BASE)
