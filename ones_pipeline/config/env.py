@@ -268,9 +268,16 @@ def _parse_policy(path: Path, p: Mapping) -> PolicyConfig:
     check_keys(path, p, {"name", "seed", "params"}, "policy.")
     from ones_pipeline.core.policies import make_policy, policy_names
 
+    params = _section(path, p, "params")
+    check_keys(path, params, set(params), "policy.params.")  # text names only
+    for key in params:  # every number finite, integers bounded (the policy checks its own ranges)
+        values = params[key] if isinstance(params[key], list) else [params[key]]
+        for value in values:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                get_field(path, {key: value}, key, type(value), prefix="policy.params.")
     policy = PolicyConfig(name=get_field(path, p, "name", str, "ones", prefix="policy."),
                           seed=get_field(path, p, "seed", int, 0, prefix="policy.", minimum=0, maximum=2**32 - 1),
-                          params=dict(_section(path, p, "params")))
+                          params=dict(params))
     if policy.name not in policy_names():
         raise ConfigError(path, "policy.name", f"got {shown(policy.name)}; allowed: {', '.join(policy_names())}")
     try:
