@@ -178,7 +178,7 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
           f"daemon log: {log_path}", flush=True)
     stop: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 1
+    code, proc = 1, None
     try:
         for attempt in range(1, DAEMON_STARTS + 1):
             offset = log_path.stat().st_size if log_path.exists() else 0
@@ -192,10 +192,11 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        if proc.poll() is None and code != 0:
+        if proc is not None and proc.poll() is None and code != 0:
             print("stopping: cancelling the running steps (they checkpoint) ...", file=sys.stderr, flush=True)
             _drain(env)
-        stop_process(proc)
+        if proc is not None:
+            stop_process(proc)
         env.layout.paused.unlink(missing_ok=True)
     if stop:
         print("interrupted: stopped the daemon; running steps checkpointed; `ones run` resumes", file=sys.stderr)
