@@ -327,3 +327,29 @@ def test_a_daemon_dead_of_the_loader_race_is_told_apart(tmp_path):
             proc.wait()
         assert died_of_the_loader_race(proc, log, offset) is expected
         offset = log.stat().st_size
+
+
+def test_ones_run_starts_again_a_daemon_that_dies_of_the_loader_race(tmp_path, capsys, monkeypatch):
+    """The supervisor's fallback (issue 40): a daemon that dies at start-up with ld.so's RT_CONSISTENT abort
+    (exit 127; here a stand-in for the daemon binary, as the race cannot be produced at will) is started
+    again, saying so, up to 3 starts; any other death is reported at once."""
+    import ones_pipeline.cli.live as live
+
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text("cluster: {gpus: none, cpu_slots: 1}\n")
+    (tmp_path / "assets" / "jobs").mkdir(parents=True)
+    (tmp_path / "assets" / "jobs" / "a.yaml").write_text(
+        "model: mlp-digits\nper_gpu_batch: 32\nstopping: {epochs: 1}\n")
+    daemon = tmp_path / "fake-dagster-daemon"
+    daemon.write_text("#!/bin/sh\necho 'Inconsistency detected by ld.so: dl-open.c: 581: dl_open_worker_begin: "
+                      "Assertion `_dl_debug_update (args->nsid)->r_state == RT_CONSISTENT failed!'\nexit 127\n")
+    daemon.chmod(0o755)
+    monkeypatch.setattr(live, "dagster_bin", lambda name: str(daemon))
+    assert main(["run", "--project", str(tmp_path), "--timeout", "60"]) == 1
+    err = capsys.readouterr().err
+    assert "starting it again (2 of 3)" in err and "starting it again (3 of 3)" in err
+    assert err.count("the Dagster daemon exited (127)") == 3
+    daemon.write_text("#!/bin/sh\necho 'some other failure'\nexit 127\n")
+    assert main(["run", "--project", str(tmp_path), "--timeout", "60"]) == 1
+    err = capsys.readouterr().err
+    assert "starting it again" not in err and err.count("the Dagster daemon exited (127)") == 1
