@@ -109,9 +109,12 @@ def read_yaml(path: Path) -> Any:
 
     path = Path(path)
     try:
-        if path.is_file() and path.stat().st_size > MAX_YAML_BYTES:
+        if path.exists() and not path.is_file():  # a FIFO or /dev/zero would block or never end
+            raise ConfigError(path, None, "not a regular file")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES:
             raise ConfigError(path, None, f"larger than {MAX_YAML_BYTES} bytes; not a job spec or environment")
-        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(path, None, "file not found") from None
     except OSError as exc:

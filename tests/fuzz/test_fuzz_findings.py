@@ -150,3 +150,20 @@ def test_finding5_bad_environments_are_one_line(tmp_path, capsys, env, needle):
     proj = project(tmp_path, env)
     (proj / "afile").write_text("x")
     refused_in_one_line(capsys, ["status", "--project", str(proj)], needle)
+
+
+def test_a_fifo_or_a_link_to_an_endless_file_in_the_jobs_folder_is_refused_not_read(tmp_path):
+    import os
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    os.mkfifo(jobs / "fifo.yaml")  # reading it would block every tick
+    (jobs / "zero.yaml").symlink_to("/dev/zero")  # reading it would never end
+    (jobs / "big.yaml").write_bytes(b"#" * (2 << 20))
+    (jobs / "good.yaml").write_text(spec_text())
+    with within(5):
+        specs, errors = load_job_specs(jobs)
+    assert list(specs) == ["good"]
+    assert sorted((os.path.basename(e.path), str(e).split(": ", 1)[1]) for e in errors) == [
+        ("big.yaml", "larger than 1048576 bytes; not a job spec or environment"),
+        ("fifo.yaml", "not a regular file"), ("zero.yaml", "not a regular file")]
