@@ -18,7 +18,8 @@ arrival offsets with each job's step time per GPU count measured live (``live_ab
 JCTs live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
 Definitions: ``benchmarks/live_ab_figures.py``.
 
-Exit status 1 when a run does not finish within ``--timeout`` s (or fails). Every draw comes from
+Exit status 1 when a run does not finish within ``--timeout`` s (or fails); the other policies still run,
+and the figures (and ``--json``) of those that finished are written. Every draw comes from
 ``numpy.random.default_rng(--seed)``.
 
     .venv/bin/python benchmarks/live_ab.py [--policies fifo,ones,pollux] [--seed 0] [--jobs 6]
@@ -384,6 +385,19 @@ def use_gpus() -> str:
     return f"{len(inv.gpus)} GPU(s): {inv.reason}" if inv.gpus else f"no GPU ({inv.reason}): {SLOTS} CPU slots"
 
 
+def run_each(policies: list[str], one) -> tuple[dict, dict, dict]:
+    """Run ``one(policy) -> (ok, wall_s, why, result)`` for every policy, whatever another's outcome:
+    ``(results of those that finished, their wall seconds, why each other one failed)``."""
+    results, walls, failed = {}, {}, {}
+    for policy in policies:
+        ok, wall, why, result = one(policy)
+        if ok:
+            results[policy], walls[policy] = result, wall
+        else:
+            failed[policy] = why
+    return results, walls, failed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.gpu:
@@ -393,19 +407,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"live A/B: {', '.join(args.policies)}; {len(mix)} jobs: "
           + ", ".join(f"{j.name} {next(iter(j.spec['stopping'].values()))} at +{j.offset_s:.0f} s" for j in mix)
           + f"; projects in {root}", flush=True)
-    results, walls = {}, {}
     try:
-        for policy in args.policies:
-            live = LiveRun(root, policy, args.seed, mix, args.timeout,
-                           args.ones_params if policy == "ones" else None)
-            ok, walls[policy], why = live.run()
-            print(f"{policy}: {'finished' if ok else 'FAILED: ' + why} in {walls[policy]:.0f} s", flush=True)
-            if not ok:
-                return 1
-            results[policy] = collect(live)
-        out = report(args, mix, results, walls)
-        if args.json:
-            reporting.write_json(args.json, json.loads(json.dumps(out, default=str)))
+        def one(policy: str):
+            live = LiveRun(root, policy, args.seed, mix, args.timeout, args.ones_params if policy == "ones" else None)
+            ok, wall, why = live.run()
+            print(f"{policy}: {'finished' if ok else 'FAILED: ' + why} in {wall:.0f} s", flush=True)
+            return ok, wall, why, (collect(live) if ok else None)
+
+        results, walls, failed = run_each(args.policies, one)
+        if results:  # a benchmark keeps what it measured: the figures of the policies that finished
+            out = report(args, mix, results, walls)
+            out["failed"] = failed
+            if args.json:
+                reporting.write_json(args.json, json.loads(json.dumps(out, default=str)))
+        if failed:
+            print("failed: " + "; ".join(f"{p}: {why}" for p, why in failed.items())
+                  + (f" (figures above: {', '.join(results)} only)" if results else ""), file=sys.stderr)
+            return 1
         return 0
     finally:
         if args.keep:

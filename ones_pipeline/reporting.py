@@ -91,12 +91,25 @@ def text_table(columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]
 
 
 # ------------------------------------------------------------------------------------------------- files
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0666 less the process's umask (read from /proc, so the umask is
+    never changed, not even for a moment; elsewhere through a set-and-restore)."""
+    try:
+        with open("/proc/self/status") as fh:
+            umask = next(int(line.split()[1], 8) for line in fh if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0o022)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[Any], object]) -> Path:
     """Write through ``write(binary_file)`` into a temp file beside ``path``, then rename it over ``path``,
     so a reader (the Dagster UI, a notebook) never sees a half-written file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp's 0600 would outlive the rename
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()

@@ -8,6 +8,16 @@ import pytest
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-long", action="store_true", default=False,
+                     help="tests/fuzz: many more (random) examples per property, and the simulator runs; minutes")
+
+
+def pytest_configure(config):
+    if config.getoption("--fuzz-long"):  # read by tests/fuzz/fuzz_values.py when it builds its settings
+        os.environ["ONES_FUZZ_LONG"] = "1"
+
+
 @pytest.fixture(scope="session")
 def traces() -> Path:
     if not SHARED.is_dir():

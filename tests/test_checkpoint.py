@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -239,3 +240,18 @@ def test_unwritable_state_dir_error_names_it_even_as_root(tmp_path, monkeypatch)
     monkeypatch.setattr(tempfile, "mkstemp", denied)
     with pytest.raises(PermissionError, match=f"{tmp_path}.*not writable"):
         check_state_dir(tmp_path)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_checkpoints_and_reports_are_written_with_the_users_umask(tmp_path, umask, mode):
+    """Issue 40: mkstemp's 0600 survived the rename whatever the umask."""
+    from ones_pipeline.reporting import write_text
+
+    old = os.umask(umask)
+    try:
+        latest = save_checkpoint(tmp_path, {"epoch": 1})
+        report = write_text(tmp_path / "summary.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(latest.stat().st_mode) == mode
+    assert stat.S_IMODE(report.stat().st_mode) == mode

@@ -91,21 +91,29 @@ BAD_SPECS = [
     ("no-stopping-kind", {**GOOD, "stopping": {"patience": 3}}, "stopping", ["exactly one of", "got none"]),
     ("unknown-stopping-field", {**GOOD, "stopping": {"epochs": 2, "epoch": 3}}, "stopping.epoch",
      ["unknown field", "allowed:", "patience", "target_accuracy"]),
-    ("zero-epochs", {**GOOD, "stopping": {"epochs": 0}}, "stopping", ["epochs > 0", "0"]),
-    ("accuracy-above-one", {**GOOD, "stopping": {"target_accuracy": 1.5}}, "stopping",
-     ["0 < target_accuracy <= 1", "1.5"]),
+    ("zero-epochs", {**GOOD, "stopping": {"epochs": 0}}, "stopping.epochs", ["out-of-range value 0", "(0, 1000000]"]),
+    ("accuracy-above-one", {**GOOD, "stopping": {"target_accuracy": 1.5}}, "stopping.target_accuracy",
+     ["(0, 1]", "1.5"]),
+    ("infinite-epochs", {**GOOD, "stopping": {"epochs": float("inf")}}, "stopping.epochs", ["non-finite value inf"]),
+    ("nan-max-lr", {**GOOD, "max_lr": float("nan")}, "max_lr", ["non-finite value nan", "[1e-12, 1000]"]),
+    ("inf-max-lr", {**GOOD, "max_lr": float("inf")}, "max_lr", ["non-finite value inf"]),
+    ("tiny-base-lr", {**GOOD, "base_lr": 1e-300, "max_lr": 1e10}, "base_lr", ["out-of-range value 1e-300"]),
+    ("huge-requested-gpus", {**GOOD, "requested_gpus": 10**20}, "requested_gpus", ["[1, 4096]"]),
+    ("nan-in-an-ignored-field", {**GOOD, "stopping": {"epochs": 2, "min_delta": float("nan")}}, "stopping.min_delta",
+     ["non-finite value nan"]),
+    ("huge-priority", {**GOOD, "priority": 2**70}, "priority", ["out-of-range value", "[-1000000, 1000000]"]),
     ("name-differs-from-file", {**GOOD, "name": "other"}, "name", ["'other'", "file name", "other.yaml"]),
     ("name-not-a-slug", {**GOOD, "name": "Big_Job"}, "name", ["'Big_Job'", "lowercase letters, digits and '-'"]),
     ("command-a-string", {**GOOD, "command": "python train.py"}, "command",
      ["non-empty list of arguments", "'python train.py'"]),
     ("command-empty", {**GOOD, "command": []}, "command", ["non-empty list"]),
-    ("negative-batch", {**GOOD, "per_gpu_batch": -4}, "per_gpu_batch", [">= 1", "-4"]),
+    ("negative-batch", {**GOOD, "per_gpu_batch": -4}, "per_gpu_batch", ["[1, 1048576]", "-4"]),
     ("missing-batch", _without(GOOD, "per_gpu_batch"), "per_gpu_batch", ["missing (required)"]),
     ("batch-not-int", {**GOOD, "per_gpu_batch": "big"}, "per_gpu_batch", ["expected int", "'big'"]),
     ("batch-bool", {**GOOD, "per_gpu_batch": True}, "per_gpu_batch", ["expected int", "True"]),
-    ("zero-requested-gpus", {**GOOD, "requested_gpus": 0}, "requested_gpus", [">= 1", "0"]),
+    ("zero-requested-gpus", {**GOOD, "requested_gpus": 0}, "requested_gpus", ["[1, 4096]", "0"]),
     ("max-lr-below-base-lr", {**GOOD, "max_lr": 0.01}, "max_lr", ["max_lr 0.01", ">= base_lr 0.05"]),
-    ("base-lr-zero", {**GOOD, "base_lr": 0, "max_lr": None}, "base_lr", ["> 0", "0"]),
+    ("base-lr-zero", {**GOOD, "base_lr": 0, "max_lr": None}, "base_lr", ["[1e-12, 1000]", "0"]),
     ("max-global-batch-below-batch", {**GOOD, "max_global_batch": 8}, "max_global_batch",
      ["max_global_batch 8", ">= per_gpu_batch 32"]),
     ("own-command-without-dataset-size", {**GOOD, "model": "mine", "command": ["python", "t.py"]}, "dataset_size",
@@ -114,7 +122,26 @@ BAD_SPECS = [
     # Line 3 is the one with the stray indentation.
     ("invalid-yaml", "model: mlp-digits\nper_gpu_batch: 32\n  stopping: {epochs: 2}\nbase_lr: 0.1\n", None,
      ["not valid YAML", "line 3"]),
+    ("name-trailing-newline", {**GOOD, "name": "name-trailing-newline\n"}, "name", ["is not a job name"]),
+    ("yaml-tag", "model: mlp-digits\nper_gpu_batch: !!float abc\n", None, ["YAML tag", "not allowed"]),
+    ("yaml-date", {**GOOD, "model": "2001-13-45"}, "model", ["unknown built-in model '2001-13-45'"]),
+    ("yaml-date-unquoted", "model: 2001-13-45\nper_gpu_batch: 32\nstopping: {epochs: 1}\n", "model",
+     ["unknown built-in model '2001-13-45'"]),
+    ("mixed-key-types", "1: a\nmodel: mlp-digits\n", "1", ["field names are text", "int 1"]),
+    ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)), None,
+     ["expands to more than 10000 values"]),
+    ("deep-nesting", "model: " + "[" * 100 + "]" * 100 + "\n", None, ["nested deeper than 32"]),
+    ("long-bad-value", {**GOOD, "model": "m" * 100_000}, "model", ["unknown built-in model 'mmmm"]),
 ]
+
+
+def test_a_non_utf8_spec_is_one_clear_line(tmp_path: Path):
+    for i, data in enumerate([b"model: caf\xe9\n", "model: x\n".encode("utf-16"), bytes(range(256))]):
+        path = tmp_path / f"bin-{i}.yaml"
+        path.write_bytes(data)
+        with pytest.raises(ConfigError, match="not UTF-8 text"):
+            load_job_spec(path)
 
 
 @pytest.mark.parametrize("case, data, field, needles", BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
@@ -129,6 +156,7 @@ def test_bad_spec_names_file_field_and_allowed(tmp_path: Path, case, data, field
     assert err.field == field, message
     if field is not None:
         assert f"field '{field}'" in message
+    assert len(message) < len(str(path)) + 400, message  # a short prefix of a bad value, never all of it
     for needle in needles:
         assert needle in message, f"{needle!r} not in {message!r}"
 
@@ -246,7 +274,16 @@ BAD_ENVS = [
     ("gpus-word", {"cluster": {"gpus": "some"}}, "cluster.gpus",
      ["'some'", "allowed: auto, none, or a list of GPU ids"]),
     ("gpus-duplicate", {"cluster": {"gpus": [0, 0]}}, "cluster.gpus", ["distinct GPU ids"]),
-    ("cpu-slots-zero", {"cluster": {"cpu_slots": 0}}, "cluster.cpu_slots", [">= 1"]),
+    ("cpu-slots-zero", {"cluster": {"cpu_slots": 0}}, "cluster.cpu_slots", ["[1, 1024]"]),
+    ("cpu-slots-beyond-a-c-int", {"cluster": {"cpu_slots": 2**40}}, "cluster.cpu_slots", ["[1, 1024]"]),
+    ("gpu-id-huge", {"cluster": {"gpus": [0, 2**70]}}, "cluster.gpus", ["distinct GPU ids in [0, 4096)"]),
+    ("grace-period-inf", {"launcher": {"grace_period_s": float("inf")}}, "launcher.grace_period_s",
+     ["non-finite value inf"]),
+    ("state-dir-under-proc", {"state_dir": "/proc/self"}, "state_dir", ["under /proc"]),
+    ("policy-param-nan", {"policy": {"name": "fifo", "params": {"x": float("nan")}}}, "policy.params.x",
+     ["non-finite value nan"]),
+    ("policy-param-huge", {"policy": {"name": "fifo", "params": {"x": 2**80}}}, "policy.params.x",
+     ["out-of-range value"]),
     ("launcher-k8s", {"launcher": {"kind": "k8s"}}, "launcher.kind", ["'k8s'", "allowed: subprocess, docker, slurm"]),
     ("policy-lottery", {"policy": {"name": "lottery"}}, "policy.name", ["'lottery'", "allowed:", *policy_names()]),
     ("policy-params-unknown", {"policy": {"params": {"bogus_knob": 1}}}, "policy.params",
@@ -260,7 +297,7 @@ BAD_ENVS = [
     ("docker-volume-mode", {"launcher": {"kind": "docker", "docker": {"image": "x", "volumes": ["/a", "a:b:rx"]}}},
      "launcher.docker.volumes[0]", ["HOST:CONTAINER[:ro|rw]", "'/a'"]),
     ("docker-without-image", {"launcher": {"kind": "docker"}}, "launcher.docker.image", ["missing (required)"]),
-    ("tick-interval-zero", {"scheduler": {"tick_interval_s": 0}}, "scheduler.tick_interval_s", [">= 1"]),
+    ("tick-interval-zero", {"scheduler": {"tick_interval_s": 0}}, "scheduler.tick_interval_s", ["[1, 86400]"]),
     ("slurm-launcher-without-cluster", {"launcher": {"kind": "slurm"}}, "cluster.slurm",
      ["launcher.kind: slurm needs cluster.slurm"]),
     ("slurm-cluster-without-launcher", {"cluster": {"slurm": {"partition": "gpu"}}}, "launcher.kind",
@@ -350,6 +387,24 @@ def test_missing_env_names_the_present_ones(tmp_path: Path):
     message = str(info.value)
     assert "prod.yaml" in message and "no such environment" in message
     assert "present: docker, local" in message
+
+
+def test_an_absent_local_yaml_is_the_embedded_default_and_a_present_one_is_validated(tmp_path: Path):
+    env = load_env(tmp_path, "local")  # an empty project: no resources/ at all
+    assert (env.name, env.state_dir, env.jobs_dir) == ("local", tmp_path.resolve() / ".ones/state",
+                                                      tmp_path.resolve() / "assets/jobs")
+    assert env.policy.name == "ones" and env.launcher.kind == "subprocess"
+    _write(tmp_path / "resources" / "local.yaml", {"cluster": {"cpu_slots": 0}})
+    with pytest.raises(ConfigError, match="cpu_slots"):
+        load_env(tmp_path, "local")
+
+
+def test_a_state_dir_on_a_file_is_refused(tmp_path: Path):
+    (tmp_path / "afile").write_text("x")
+    for state_dir in ("afile", "afile/state"):
+        with pytest.raises(ConfigError, match="is a file, not a directory") as info:
+            parse_env({"state_dir": state_dir}, tmp_path / "e.yaml", tmp_path, "e")
+        assert info.value.field == "state_dir"
 
 
 def test_bad_env_name(tmp_path: Path):

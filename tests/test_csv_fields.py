@@ -12,8 +12,8 @@ from ones_pipeline.sim.csv_fields import integer, number, read_header, read_rows
 from ones_pipeline.sim.ones_history import read_artifact_profile, read_job_history
 from ones_pipeline.sim.truth import TraceError
 
-FIELDS = (text("name"), number("time", low=0), integer("gpus", minimum=1), number("acc", low=0, low_open=True, high=1),
-          text("kind", choices=("a", "b"), lower=True))
+FIELDS = (text("name"), number("time", low=0), integer("gpus", minimum=1, maximum=4096),
+          number("acc", low=0, low_open=True, high=1), text("kind", choices=("a", "b"), lower=True))
 HEADER = "name,time,gpus,acc,kind"
 
 
@@ -35,9 +35,10 @@ def test_rows_are_typed_and_numbered(tmp_path):
     ("time", "soon", "non-numeric value 'soon'", "a number >= 0"),
     ("time", "", "non-numeric value ''", "a number >= 0"),
     ("time", "-1", "out-of-range value '-1'", "a number >= 0"),
-    ("gpus", "inf", "non-finite value 'inf'", "an integer >= 1"),
-    ("gpus", "1.5", "non-integer value '1.5'", "an integer >= 1"),
-    ("gpus", "0", "out-of-range value '0'", "an integer >= 1"),
+    ("gpus", "inf", "non-finite value 'inf'", "an integer in [1, 4096]"),
+    ("gpus", "1.5", "non-integer value '1.5'", "an integer in [1, 4096]"),
+    ("gpus", "0", "out-of-range value '0'", "an integer in [1, 4096]"),
+    ("gpus", "1e18", "out-of-range value '1e18'", "an integer in [1, 4096]"),
     ("acc", "0", "out-of-range value '0'", "a number in (0, 1]"),
     ("acc", "1.01", "out-of-range value '1.01'", "a number in (0, 1]"),
     ("kind", "c", "unknown value 'c'", "a, b"),
@@ -52,6 +53,13 @@ def test_a_bad_value_names_file_row_field_value_and_what_is_allowed(tmp_path, fi
     err = exc.value
     assert (err.path, err.row, err.field) == (str(path), 2, field)
     assert str(err) == f"{path}, row 2, field {field!r}: {problem}; allowed: {allowed}"
+
+
+def test_an_error_quotes_a_short_prefix_of_a_long_value(tmp_path):
+    path = _write(tmp_path, f"{HEADER}\nx,1,{'9' * 5000},0.5,a\n")
+    with pytest.raises(TraceError, match="non-finite value '9999") as exc:
+        read_rows(path, FIELDS)
+    assert len(str(exc.value)) < len(str(path)) + 150
 
 
 @pytest.mark.parametrize("body, match, row, field", [

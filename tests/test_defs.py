@@ -210,6 +210,33 @@ def test_bad_spec_is_reported_once_and_skipped(project, instance, capfd):
         assert "broken.yaml" in second.skip_reason
 
 
+def test_a_spec_the_tick_cannot_use_is_quarantined_and_reported(project, instance, monkeypatch, capfd):
+    """Issue 40, finding 1: a spec with NaN in it (one no loader lets through, handed to the sensor here as
+    from any other source) fails its own job: failed_jobs.json, spec_errors.json and the tick's log say why,
+    and the other jobs are scheduled."""
+    import dataclasses
+
+    import ones_pipeline.defs.sensor as sensor_module
+
+    real = sensor_module.load_job_specs
+
+    def with_a_broken_one(jobs_dir):
+        specs, errors = real(jobs_dir)
+        return {**specs, "job-c": dataclasses.replace(specs["job-a"], name="job-c", max_lr=float("nan"))}, errors
+
+    monkeypatch.setattr(sensor_module, "load_job_specs", with_a_broken_one)
+    first = tick(project, instance)
+    train = {rr.partition_key for rr in first.run_requests if rr.job_name == "train_job"}
+    assert train and train <= {"job-a", "job-b"}
+    state = project / ".ones" / "state"
+    failed = json.loads((state / "failed_jobs.json").read_text())
+    assert failed["job-c"].startswith("spec quarantined") and "field 'max_lr'" in failed["job-c"]
+    errors = json.loads((state / "spec_errors.json").read_text())
+    assert [e["file"] for e in errors] == [str(project / "assets" / "jobs" / "job-c.yaml")]
+    assert "non-finite value nan" in errors[0]["message"]
+    assert "job job-c marked failed: spec quarantined" in capfd.readouterr().err
+
+
 def test_failed_runs_are_retried_with_backoff_then_the_job_is_marked_failed(project, instance):
     (project / "assets" / "jobs" / "job-b.yaml").unlink()
     instance.add_dynamic_partitions("training_jobs", ["job-a"])

@@ -170,3 +170,19 @@ def test_the_gpu_mix_is_all_resnet18_and_falls_back_to_cpu_slots_without_a_gpu(m
     assert live_ab.ENV["cluster"]["gpus"] == "auto"
     if "no GPU" in found:  # this machine: the configured CPU slots, as the CPU benchmark has
         assert live_ab.SLOTS == 2 and live_ab.ENV["cluster"]["cpu_slots"] == 2
+
+
+def test_a_failed_policy_leaves_the_others_measured():
+    """Issue 40: live_ab.py wrote no figures at all when one policy failed (the daemon's start-up race)."""
+    import live_ab
+
+    ran = []
+
+    def one(policy):
+        ran.append(policy)
+        return (policy != "ones", 10.0, "ones run exited 1" if policy == "ones" else "", {"figures": policy})
+
+    results, walls, failed = live_ab.run_each(["fifo", "ones", "pollux"], one)
+    assert ran == ["fifo", "ones", "pollux"]  # the failure stopped nothing after it
+    assert results == {"fifo": {"figures": "fifo"}, "pollux": {"figures": "pollux"}}
+    assert walls == {"fifo": 10.0, "pollux": 10.0} and failed == {"ones": "ones run exited 1"}

@@ -330,3 +330,34 @@ def test_the_tick_remembers_the_noise_scale_a_model_measured_earliest_for_its_ne
     state, p = tick._State.from_cursor(cursor), TickPlan()
     (view,) = tick.job_views(second, SchedulerSettings(), tick.current_schedule(second, state, p), state, p)[0]
     assert view.model_gns == 30.0 and view.model_obs == obs and view.grad_noise_scale is None
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"max_lr": float("nan")}, "max_lr"),  # issue 40: every tick failed with "cannot convert float NaN to integer"
+    ({"max_lr": float("inf")}, "max_lr"),
+    ({"base_lr": 1e-300, "max_lr": 1e10}, "base_lr"),
+    ({"requested_gpus": 10**20, "max_gpus": 10**20}, "requested_gpus"),  # an IndexError in the ONES policy
+    ({"stopping": StoppingRule(StopKind.EPOCHS, epochs=float("inf"))}, "stopping.epochs"),
+])
+def test_a_spec_that_would_fail_the_tick_is_quarantined_and_the_others_are_scheduled(bad, field):
+    """Issue 40, finding 1: a spec no loader should let through (built here directly) marks its own job
+    failed with the reason; the other job is still launched, tick after tick; a fixed spec is taken again."""
+    fields = {"name": "bad", "model": "mlp-digits", "dataset_size": 1437, "per_gpu_batch": 32, "base_lr": 0.05,
+              "max_lr": 0.2, "stopping": StoppingRule(StopKind.EPOCHS, epochs=5), **bad}
+    broken = JobSpec(**fields)
+    first = plan([spec("good"), broken], [])
+    assert [x.job for x in first.launches] == ["good"]
+    assert first.newly_failed["bad"].startswith("spec quarantined") and f"field '{field}'" in first.newly_failed["bad"]
+    assert first.quarantined == first.newly_failed and first.cursor["failed"] == first.newly_failed
+    again = plan([spec("good"), broken], [], now=1015.0, cursor=first.cursor)
+    assert "bad" in again.quarantined and not again.newly_failed  # reported once, kept failed
+    fixed = plan([spec("good"), spec("bad")], [], now=1030.0, cursor=again.cursor)
+    assert "bad" not in fixed.cursor["failed"] and "bad" in {x.job for x in fixed.launches}
+
+
+def test_the_run_of_a_job_whose_spec_turns_bad_is_cancelled():
+    broken = JobSpec(name="a", model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05,
+                     max_lr=float("nan"), stopping=StoppingRule(StopKind.EPOCHS, epochs=5))
+    p = plan([broken, spec("b")], [run("a", 0, [0], created=0.0)], now=10_000.0)
+    assert [(c.job, c.reason) for c in p.cancels] == [("a", "job failed")]
+    assert "b" in {x.job for x in p.launches}

@@ -20,6 +20,7 @@ from ones_pipeline.cli.status import STATUS_COLUMNS, cmd_status, decision_lines,
 from ones_pipeline.cli.supervise import (
     AlreadyRunning,
     dagster_bin,
+    died_of_the_loader_race,
     process_cmdlines,
     refuse_if_running,
     running_dagster,
@@ -30,6 +31,7 @@ from ones_pipeline.cli.supervise import (
 from ones_pipeline.config import ConfigError, EnvConfig, load_env, load_job_specs, parse_job_spec, read_yaml
 
 LIVE_COMMANDS = ("init", "up", "run", "submit", "status")
+DAEMON_STARTS = 3  # starts of the daemon `ones run` tries when it dies of the loader's start-up abort
 
 
 class SubcommandAdder(Protocol):
@@ -131,15 +133,32 @@ def cmd_up(env: EnvConfig, host: str, port: int) -> int:
 
 
 def _start_fresh(env: EnvConfig) -> bool:
-    """``--fresh``: delete the state directory, refusing one that does not look like ours."""
-    if not env.state_dir.exists():
+    """``--fresh``: delete what the product created in the state directory (``StateLayout.known_entries``),
+    nothing else; refuse a state directory that is, or holds, the project, its specs or its resources."""
+    state = env.state_dir.resolve()
+    if not state.exists():
         return True
-    if not env.layout.dagster_home.is_dir() and any(env.state_dir.iterdir()):
-        print(f"ones run: --fresh refuses to delete {env.state_dir}: it does not look like a state directory "
-              "(no dagster/ inside)", file=sys.stderr)
+    keep = [env.project_dir.resolve(), env.jobs_dir.resolve(), env.path.parent.resolve()]
+    clash = next((p for p in keep if p == state or state in p.parents), None)
+    if clash is not None:
+        print(f"ones run: --fresh refuses to clear {env.state_dir}: it holds the project's {clash} "
+              "(set state_dir to a folder of its own, e.g. .ones/state)", file=sys.stderr)
         return False
-    shutil.rmtree(env.state_dir)
-    print(f"--fresh: deleted {env.state_dir}")
+    removed = []
+    for path in env.layout.known_entries():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(path.name)
+    left = sorted(p.name for p in state.iterdir())
+    if not left:
+        state.rmdir()
+    print(f"--fresh: deleted {', '.join(removed) or 'nothing'} in {env.state_dir}"
+          + (f" (kept what ones did not create: {', '.join(left[:5])}{' ...' if len(left) > 5 else ''})"
+             if left else ""))
     return True
 
 
@@ -157,19 +176,27 @@ def cmd_run(env: EnvConfig, timeout_s: float, status_every_s: float, fresh: bool
     log_path = env.layout.daemon_log
     print(f"running the scheduler headless for {len(specs)} job(s) ({', '.join(sorted(specs))}); "
           f"daemon log: {log_path}", flush=True)
-    proc = start_process([dagster_bin("dagster-daemon"), "run", "-m", "ones_pipeline.definitions"], env, log_path)
     stop: list[int] = []
     previous = {s: signal.signal(s, lambda signum, frame: stop.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    code = 1
+    code, proc = 1, None
     try:
-        code = _watch(env, specs, proc, stop, timeout_s, status_every_s)
+        for attempt in range(1, DAEMON_STARTS + 1):
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            proc = start_process([dagster_bin("dagster-daemon"), "run", "-m", "ones_pipeline.definitions"], env,
+                                 log_path)
+            code = _watch(env, specs, proc, stop, timeout_s, status_every_s)
+            if stop or attempt == DAEMON_STARTS or not died_of_the_loader_race(proc, log_path, offset):
+                break
+            print(f"ones run: the Dagster daemon died at start-up (ld.so: RT_CONSISTENT, exit {proc.returncode}; "
+                  f"{log_path}); starting it again ({attempt + 1} of {DAEMON_STARTS})", file=sys.stderr, flush=True)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        if proc.poll() is None and code != 0:
+        if proc is not None and proc.poll() is None and code != 0:
             print("stopping: cancelling the running steps (they checkpoint) ...", file=sys.stderr, flush=True)
             _drain(env)
-        stop_process(proc)
+        if proc is not None:
+            stop_process(proc)
         env.layout.paused.unlink(missing_ok=True)
     if stop:
         print("interrupted: stopped the daemon; running steps checkpointed; `ones run` resumes", file=sys.stderr)
@@ -259,6 +286,13 @@ def run_command(args: argparse.Namespace) -> int:
             return cmd_run(env, args.timeout, args.status_every, args.fresh)
     except (ConfigError, AlreadyRunning) as exc:
         print(f"ones {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # MLflow's store unusable (unreachable within 5 s, unwritable): one line
+        from ones_pipeline.adapters.mlflow import TrackerError
+
+        if not isinstance(exc, TrackerError):
+            raise
+        print(f"ones {args.command}: MLflow: {exc}", file=sys.stderr)
         return 2
     raise ValueError(f"unknown command {args.command}")
 

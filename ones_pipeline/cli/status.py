@@ -4,6 +4,7 @@ instance's runs, MLflow's progress and the scheduler's state files."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from ones_pipeline.adapters.inventory import inventory_source
@@ -83,7 +84,9 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
     runs = job_run_infos(instance)
     try:
         progress = read_progress(env.tracking_uri(), env.mlflow.experiment, sorted(set(specs) | finished))
-    except Exception:  # status must work without MLflow
+    except Exception as exc:  # status must work without MLflow (a dead server: TrackerError within 5 s)
+        print(f"MLflow progress unavailable: {str(exc).splitlines()[0][:300] if str(exc) else exc!r}",
+              file=sys.stderr)
         progress = {}
     failed = env.layout.failed()
     device = device or slots_summary(env)[0]  # "gpu 0,1" or "cpu 0": CPU slots are not GPUs

@@ -32,21 +32,51 @@ def child_env(env: EnvConfig) -> dict:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _child_setup(parent: int) -> None:
-    """In the child, before exec: default SIGINT/SIGTERM (a background start may have them ignored), and
-    SIGINT when ``parent`` (this ``ones`` process) dies. Dagster then stops as on Ctrl-C, its runs going
-    on until the next ``ones run`` adopts them, rather than scheduling on unsupervised, which refuses the
-    next ``ones run`` (and stopping it with the whole process group fails the runs it is executing)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _prctl():
+    """libc's ``prctl``, resolved here in the parent: the child must not ``dlopen`` anything (below)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGINT))
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # not Linux: no parent-death signal
+        return None
+
+
+def _child_setup(parent: int, prctl) -> None:
+    """In the child, before exec: default SIGINT/SIGTERM (a background start may have them ignored), and
+    SIGINT when ``parent`` (this ``ones`` process) dies. Dagster then stops as on Ctrl-C, its runs going
+    on until the next ``ones run`` adopts them, rather than scheduling on unsupervised, which refuses the
+    next ``ones run`` (and stopping it with the whole process group fails the runs it is executing).
+
+    Nothing here loads a shared library: this runs between fork and exec, and when another thread of the
+    parent was inside ``dlopen`` at the fork (an extension module imported by a Dagster or MLflow thread),
+    the child's loader state is half-updated and a ``dlopen`` here (it was ``import ctypes`` /
+    ``ctypes.CDLL``) aborts with ld.so's ``dl_open_worker_begin: Assertion ... r_state == RT_CONSISTENT``,
+    exit 127: the daemon "died at start-up" in about one ``ones run`` in four (issue 40)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if prctl is None:
         return
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGINT))
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os.kill(os.getpid(), signal.SIGINT)
+
+
+LDSO_RACE = b"Inconsistency detected by ld.so"
+LDSO_EXIT = 127
+
+
+def died_of_the_loader_race(proc: subprocess.Popen, log_path: Path, offset: int) -> bool:
+    """The process ended with ld.so's start-up abort (exit 127, the loader's message in its log after
+    ``offset``): what a start should retry rather than report."""
+    if proc.poll() != LDSO_EXIT:
+        return False
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(offset)
+            return LDSO_RACE in fh.read(1 << 16)
+    except OSError:
+        return False
 
 
 def running_dagster(env: EnvConfig) -> int | None:
@@ -98,7 +128,7 @@ def start_process(argv: list[str], env: EnvConfig, log_path: Path | None = None)
     # The child keeps writing to it after this function returns: no context manager.
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     proc = subprocess.Popen(argv, env=child_env(env), cwd=str(env.project_dir), start_new_session=True,
-                            preexec_fn=functools.partial(_child_setup, os.getpid()), stdout=out,
+                            preexec_fn=functools.partial(_child_setup, os.getpid(), _prctl()), stdout=out,
                             stderr=subprocess.STDOUT if out else None)
     env.layout.pidfile.write_text(f"{proc.pid} {os.getpid()}\n")  # Dagster's PID, then its supervisor's
     return proc

@@ -17,6 +17,7 @@ from typing import Any
 
 from ones_pipeline.config.fields import ConfigError, check_keys, get_field, read_yaml
 from ones_pipeline.config.layout import StateLayout
+from ones_pipeline.core.limits import MAX_CPU_SLOTS, MAX_GPUS, MAX_SECONDS, shown
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,11 @@ class EnvConfig:
         return self.layout.job_dir(job)
 
 
+DEFAULT_ENV = "local"  # resources/local.yaml; absent: every setting at its default
 ENV_FIELDS = {"cluster", "launcher", "mlflow", "policy", "scheduler", "state_dir", "jobs_dir"}
 LAUNCHER_KINDS = ("subprocess", "docker", "slurm")
 RANK_DEVICES = ("cuda", "cpu")
-ENV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+\Z")
 DOCKER_FIELDS = {"image", "python", "shm_size", "network", "init", "volumes", "environment", "user", "stop_timeout_s"}
 SCHEDULER_FIELDS = {"tick_interval_s", "decision_budget_s", "max_retries", "retry_backoff_s", "min_run_s"}
 
@@ -140,7 +142,7 @@ def _section(path: Path, data: Mapping, key: str) -> Mapping:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(path, key, f"expected a mapping, got {value!r}")
+        raise ConfigError(path, key, f"expected a mapping, got {shown(value)}")
     return value
 
 
@@ -151,7 +153,7 @@ def _parse_slurm_cluster(path: Path, c: Mapping) -> SlurmClusterConfig | None:
     check_keys(path, s, {"partition", "nodes", "slurm_conf"}, "cluster.slurm.")
     nodes = s.get("nodes") or []
     if not isinstance(nodes, list) or not all(isinstance(n, str) and n for n in nodes) or len(set(nodes)) != len(nodes):
-        raise ConfigError(path, "cluster.slurm.nodes", f"expected a list of distinct node names, got {nodes!r}")
+        raise ConfigError(path, "cluster.slurm.nodes", f"expected a list of distinct node names, got {shown(nodes)}")
     return SlurmClusterConfig(partition=get_field(path, s, "partition", str, required=True, prefix="cluster.slurm."),
                               nodes=tuple(nodes),
                               slurm_conf=get_field(path, s, "slurm_conf", str, prefix="cluster.slurm."))
@@ -164,36 +166,39 @@ def _parse_slurm_launch(path: Path, lz: Mapping, project_dir: Path) -> SlurmLaun
     args = s.get("sbatch_args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) and a.startswith("-") for a in args):
         raise ConfigError(path, pre + "sbatch_args", f"expected a list of sbatch options ('--account=ml'), "
-                          f"got {args!r}")
+                          f"got {shown(args)}")
     device = get_field(path, s, "rank_device", str, "cuda", prefix=pre)
     if device not in RANK_DEVICES:
-        raise ConfigError(path, pre + "rank_device", f"got {device!r}; allowed: {', '.join(RANK_DEVICES)}")
+        raise ConfigError(path, pre + "rank_device", f"got {shown(device)}; allowed: {', '.join(RANK_DEVICES)}")
     import sys
 
     python = get_field(path, s, "python", str, "{python}", prefix=pre).replace("{python}", sys.executable)
     return SlurmLaunchConfig(sbatch_args=tuple(args), python=_expand(python, project_dir), rank_device=device,
                              pending_timeout_s=get_field(path, s, "pending_timeout_s", float, 300.0, prefix=pre,
-                                                         minimum=1))
+                                                         minimum=1, maximum=MAX_SECONDS))
 
 
 def _parse_cluster(path: Path, c: Mapping) -> ClusterConfig:
     check_keys(path, c, {"gpus", "cpu_slots", "gpus_per_node", "slurm"}, "cluster.")
     gpus = c.get("gpus", "auto")
     if isinstance(gpus, list):
-        if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) \
+        if not gpus or not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < MAX_GPUS for g in gpus) \
                 or len(set(gpus)) != len(gpus):
-            raise ConfigError(path, "cluster.gpus", f"expected distinct GPU ids >= 0, got {gpus!r}")
+            raise ConfigError(path, "cluster.gpus", f"expected distinct GPU ids in [0, {MAX_GPUS}), got {shown(gpus)}")
         gpus = tuple(gpus)
     elif gpus not in ("auto", "none"):
-        raise ConfigError(path, "cluster.gpus", f"got {gpus!r}; allowed: auto, none, or a list of GPU ids")
-    return ClusterConfig(gpus=gpus, cpu_slots=get_field(path, c, "cpu_slots", int, 2, prefix="cluster.", minimum=1),
-                         gpus_per_node=get_field(path, c, "gpus_per_node", int, prefix="cluster.", minimum=1),
+        raise ConfigError(path, "cluster.gpus", f"got {shown(gpus)}; allowed: auto, none, or a list of GPU ids")
+    return ClusterConfig(gpus=gpus, cpu_slots=get_field(path, c, "cpu_slots", int, 2, prefix="cluster.", minimum=1,
+                                                      maximum=MAX_CPU_SLOTS),
+                         gpus_per_node=get_field(path, c, "gpus_per_node", int, prefix="cluster.", minimum=1,
+                                                  maximum=MAX_GPUS),
                          slurm=_parse_slurm_cluster(path, c))
 
 
 def _parse_volumes(path: Path, raw: Any, project_dir: Path) -> tuple[tuple[str, str, str], ...]:
     if not isinstance(raw, list):
-        raise ConfigError(path, "launcher.docker.volumes", f"expected a list of 'HOST:CONTAINER[:ro|rw]', got {raw!r}")
+        raise ConfigError(path, "launcher.docker.volumes",
+                          f"expected a list of 'HOST:CONTAINER[:ro|rw]', got {shown(raw)}")
     volumes = []
     for i, v in enumerate(raw):
         if isinstance(v, str):
@@ -202,10 +207,11 @@ def _parse_volumes(path: Path, raw: Any, project_dir: Path) -> tuple[tuple[str, 
         if len(parts) == 2:
             parts.append("ro")
         if len(parts) != 3 or parts[2] not in ("ro", "rw") or not parts[0] or not parts[1]:
-            raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"expected 'HOST:CONTAINER[:ro|rw]', got {v!r}")
+            raise ConfigError(path, f"launcher.docker.volumes[{i}]",
+                              f"expected 'HOST:CONTAINER[:ro|rw]', got {shown(v)}")
         host = parts[0] if os.path.isabs(parts[0]) else str(project_dir / parts[0])
         if not os.path.isabs(parts[1]):
-            raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"container path {parts[1]!r} must be "
+            raise ConfigError(path, f"launcher.docker.volumes[{i}]", f"container path {shown(parts[1])} must be "
                               "absolute (use {project} for the project directory)")
         volumes.append((host, parts[1], parts[2]))
     return tuple(volumes)
@@ -215,10 +221,11 @@ def _parse_docker(path: Path, d: Mapping, project_dir: Path) -> DockerConfig:
     check_keys(path, d, DOCKER_FIELDS, "launcher.docker.")
     env = d.get("environment") or {}
     if not isinstance(env, Mapping):
-        raise ConfigError(path, "launcher.docker.environment", f"expected a mapping, got {env!r}")
+        raise ConfigError(path, "launcher.docker.environment", f"expected a mapping, got {shown(env)}")
     for k, v in env.items():
         if v is None or isinstance(v, (Mapping, list)):
-            raise ConfigError(path, f"launcher.docker.environment.{k}", f"expected a string or number, got {v!r}")
+            raise ConfigError(path, f"launcher.docker.environment.{shown(str(k)).strip(chr(39))}",
+                              f"expected a string or number, got {shown(v)}")
     pre = "launcher.docker."
     return DockerConfig(
         image=get_field(path, d, "image", str, required=True, prefix=pre),
@@ -229,19 +236,20 @@ def _parse_docker(path: Path, d: Mapping, project_dir: Path) -> DockerConfig:
         volumes=_parse_volumes(path, d.get("volumes") or [], project_dir),
         environment={str(k): str(v) for k, v in env.items()},
         user=get_field(path, d, "user", str, prefix=pre),
-        stop_timeout_s=get_field(path, d, "stop_timeout_s", float, 30.0, prefix=pre, minimum=0))
+        stop_timeout_s=get_field(path, d, "stop_timeout_s", float, 30.0, prefix=pre, minimum=0,
+                                 maximum=MAX_SECONDS))
 
 
 def _parse_launcher(path: Path, lz: Mapping, project_dir: Path) -> LauncherConfig:
     check_keys(path, lz, {"kind", "grace_period_s", "docker", "slurm"}, "launcher.")
     kind = get_field(path, lz, "kind", str, "subprocess", prefix="launcher.")
     if kind not in LAUNCHER_KINDS:
-        raise ConfigError(path, "launcher.kind", f"got {kind!r}; allowed: {', '.join(LAUNCHER_KINDS)}")
+        raise ConfigError(path, "launcher.kind", f"got {shown(kind)}; allowed: {', '.join(LAUNCHER_KINDS)}")
     d = _section(path, lz, "docker")
     docker = _parse_docker(path, d, project_dir) if d or kind == "docker" else None
     launcher = LauncherConfig(kind=kind, docker=docker, slurm=_parse_slurm_launch(path, lz, project_dir),
                               grace_period_s=get_field(path, lz, "grace_period_s", float, 20.0, prefix="launcher.",
-                                                       minimum=1))
+                                                       minimum=1, maximum=MAX_SECONDS))
     if docker is not None and docker.stop_timeout_s <= launcher.grace_period_s:
         raise ConfigError(path, "launcher.docker.stop_timeout_s",
                           f"{docker.stop_timeout_s:g} must exceed launcher.grace_period_s {launcher.grace_period_s:g} "
@@ -260,15 +268,23 @@ def _parse_policy(path: Path, p: Mapping) -> PolicyConfig:
     check_keys(path, p, {"name", "seed", "params"}, "policy.")
     from ones_pipeline.core.policies import make_policy, policy_names
 
+    params = _section(path, p, "params")
+    check_keys(path, params, set(params), "policy.params.")  # text names only
+    for key in params:  # every number finite, integers bounded (the policy checks its own ranges)
+        values = params[key] if isinstance(params[key], list) else [params[key]]
+        for value in values:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                get_field(path, {key: value}, key, type(value), prefix="policy.params.")
     policy = PolicyConfig(name=get_field(path, p, "name", str, "ones", prefix="policy."),
-                          seed=get_field(path, p, "seed", int, 0, prefix="policy.", minimum=0),
-                          params=dict(_section(path, p, "params")))
+                          seed=get_field(path, p, "seed", int, 0, prefix="policy.", minimum=0, maximum=2**32 - 1),
+                          params=dict(params))
     if policy.name not in policy_names():
-        raise ConfigError(path, "policy.name", f"got {policy.name!r}; allowed: {', '.join(policy_names())}")
+        raise ConfigError(path, "policy.name", f"got {shown(policy.name)}; allowed: {', '.join(policy_names())}")
     try:
         make_policy(policy.name, seed=policy.seed, **policy.params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(path, "policy.params", f"not accepted by policy {policy.name!r}: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(path, "policy.params",
+                          f"not accepted by policy {shown(policy.name)}: {str(exc)[:200]}") from None
     return policy
 
 
@@ -276,11 +292,31 @@ def _parse_scheduler(path: Path, s: Mapping) -> SchedulerConfig:
     check_keys(path, s, SCHEDULER_FIELDS, "scheduler.")
     pre = "scheduler."
     return SchedulerConfig(
-        tick_interval_s=get_field(path, s, "tick_interval_s", int, 15, prefix=pre, minimum=1),
-        decision_budget_s=get_field(path, s, "decision_budget_s", float, 2.0, prefix=pre, minimum=0.01),
-        max_retries=get_field(path, s, "max_retries", int, 3, prefix=pre, minimum=0),
-        retry_backoff_s=get_field(path, s, "retry_backoff_s", float, 30.0, prefix=pre, minimum=0),
-        min_run_s=get_field(path, s, "min_run_s", float, 30.0, prefix=pre, minimum=0))
+        tick_interval_s=get_field(path, s, "tick_interval_s", int, 15, prefix=pre, minimum=1, maximum=86400),
+        decision_budget_s=get_field(path, s, "decision_budget_s", float, 2.0, prefix=pre, minimum=0.01, maximum=3600),
+        max_retries=get_field(path, s, "max_retries", int, 3, prefix=pre, minimum=0, maximum=1000),
+        retry_backoff_s=get_field(path, s, "retry_backoff_s", float, 30.0, prefix=pre, minimum=0, maximum=MAX_SECONDS),
+        min_run_s=get_field(path, s, "min_run_s", float, 30.0, prefix=pre, minimum=0, maximum=MAX_SECONDS))
+
+
+def _usable_dir(path: Path, key: str, folder: Path) -> Path:
+    """``folder`` (``state_dir``, ``jobs_dir``), refused when it cannot be one: a file, a name the system
+    refuses (too long), or under /proc, /sys or /dev."""
+    try:
+        resolved = folder.resolve()
+        probe = resolved
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        is_dir = probe.is_dir()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(path, key, f"{shown(str(folder))} cannot be a directory here "
+                                     f"({getattr(exc, 'strerror', None) or exc})") from None
+    if any(resolved == Path(p) or Path(p) in resolved.parents for p in ("/proc", "/sys", "/dev")):
+        raise ConfigError(path, key, f"{shown(str(folder))} is under /{resolved.parts[1]}: choose a directory "
+                                     "on a disk")
+    if not is_dir:
+        raise ConfigError(path, key, f"{shown(str(probe))} is a file, not a directory")
+    return folder
 
 
 def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike, name: str) -> EnvConfig:
@@ -301,8 +337,9 @@ def parse_env(data: Any, path: str | os.PathLike, project_dir: str | os.PathLike
                           "a Slurm cluster needs launcher.kind: slurm, and launcher.kind: slurm needs cluster.slurm "
                           "(partition: NAME): the runs must go where the slots are")
     return EnvConfig(
-        name=name, path=path, project_dir=project_dir, jobs_dir=_dir("jobs_dir", "assets/jobs"),
-        state_dir=_dir("state_dir", ".ones/state"), cluster=cluster, launcher=launcher,
+        name=name, path=path, project_dir=project_dir,
+        jobs_dir=_usable_dir(path, "jobs_dir", _dir("jobs_dir", "assets/jobs")),
+        state_dir=_usable_dir(path, "state_dir", _dir("state_dir", ".ones/state")), cluster=cluster, launcher=launcher,
         mlflow=_parse_mlflow(path, _section(path, data, "mlflow")),
         policy=_parse_policy(path, _section(path, data, "policy")),
         scheduler=_parse_scheduler(path, _section(path, data, "scheduler")))
@@ -320,18 +357,20 @@ def traces_dir_from_environment(default: Path) -> Path:
 
 def env_name_from_environment() -> str:
     """``$ONES_ENV``, else ``local``."""
-    return os.environ.get("ONES_ENV") or "local"
+    return os.environ.get("ONES_ENV") or DEFAULT_ENV
 
 
 def load_env(project_dir: str | os.PathLike | None = None, name: str | None = None) -> EnvConfig:
     """``resources/<name>.yaml`` of the project (default: ``$ONES_PROJECT_DIR`` or the working directory;
-    name: ``$ONES_ENV`` or ``local``)."""
+    name: ``$ONES_ENV`` or ``local``). An absent ``local.yaml`` is the embedded default environment."""
     project_dir = Path(project_dir).resolve() if project_dir else project_dir_from_environment()
     name = name or env_name_from_environment()
     if not ENV_NAME_RE.match(name):
-        raise ConfigError(project_dir / "resources", None, f"bad environment name {name!r}")
+        raise ConfigError(project_dir / "resources", None, f"bad environment name {shown(name)}")
     path = project_dir / "resources" / f"{name}.yaml"
     if not path.exists():
+        if name == DEFAULT_ENV:  # the embedded default environment: every setting at its default
+            return parse_env({}, path, project_dir, name)
         present = sorted(p.stem for p in (project_dir / "resources").glob("*.yaml"))
         raise ConfigError(path, None, f"no such environment; present: {', '.join(present) or 'none'}")
     return parse_env(read_yaml(path), path, project_dir, name)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ones_pipeline.config.fields import ConfigError, check_keys, get_field, read_yaml
+from ones_pipeline.core.limits import SPEC_RANGES, STOPPING_RANGES, shown
 from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
 from ones_pipeline.train.catalogue import WORKLOADS, train_size
 
@@ -38,6 +39,10 @@ STOPPING_FIELDS = {"epochs", "samples", "target_accuracy", "patience", "min_delt
 
 
 BUILTIN_MODELS = tuple(WORKLOADS)
+# (field, type, default) of the spec's top-level numbers; their ranges: core.limits.SPEC_RANGES
+_NUMBER_FIELDS = (("per_gpu_batch", int, None), ("base_lr", float, 0.1), ("max_lr", float, None),
+                  ("max_global_batch", int, None), ("max_per_gpu_batch", int, None), ("requested_gpus", int, 1),
+                  ("max_gpus", int, None), ("priority", int, 0))
 
 
 def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None = None) -> JobSpec:
@@ -46,21 +51,22 @@ def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None 
         raise ConfigError(path, None, f"a job spec must be a mapping of fields, got {type(data).__name__}")
     check_keys(path, data, JOB_FIELDS)
     name = get_field(path, data, "name", str, default_name, required=default_name is None)
-    if not JOB_NAME_RE.match(name):
-        raise ConfigError(path, "name", f"{name!r} is not a job name: lowercase letters, digits and '-', "
+    if not JOB_NAME_RE.fullmatch(name):
+        raise ConfigError(path, "name", f"{shown(name)} is not a job name: lowercase letters, digits and '-', "
                                         "starting with a letter or digit, at most 63 characters")
     model = get_field(path, data, "model", str, required=True)
     command = data.get("command")
     if command is not None:
         if isinstance(command, str) or not isinstance(command, list) or not command or \
                 not all(isinstance(a, (str, int, float)) for a in command):
-            raise ConfigError(path, "command", f"expected a non-empty list of arguments (argv), got {command!r}")
+            raise ConfigError(path, "command", f"expected a non-empty list of arguments (argv), got {shown(command)}")
         command = tuple(str(a) for a in command)
     elif model not in BUILTIN_MODELS:
-        raise ConfigError(path, "model", f"unknown built-in model {model!r}; allowed: {', '.join(BUILTIN_MODELS)} "
+        raise ConfigError(path, "model", f"unknown built-in model {shown(model)}; allowed: {', '.join(BUILTIN_MODELS)} "
                                          "(or give a `command` to run your own script)")
     builtin_size = train_size(model) if command is None else None
-    dataset_size = get_field(path, data, "dataset_size", int, builtin_size, required=builtin_size is None, minimum=1)
+    dataset_size = get_field(path, data, "dataset_size", int, builtin_size, required=builtin_size is None,
+                             allowed=SPEC_RANGES["dataset_size"])
     stopping_data = data.get("stopping")
     if not isinstance(stopping_data, Mapping):
         raise ConfigError(path, "stopping", "missing or not a mapping; give one of {epochs: N}, {samples: N}, "
@@ -71,26 +77,17 @@ def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None 
         raise ConfigError(path, "stopping", f"give exactly one of epochs, samples, target_accuracy; got "
                                             f"{', '.join(kinds) or 'none'}")
     kind = {"epochs": StopKind.EPOCHS, "samples": StopKind.SAMPLES, "target_accuracy": StopKind.ACCURACY}[kinds[0]]
+    defaults = {"patience": 5, "min_delta": 0.01}
+    values = {key: get_field(path, stopping_data, key, int if key == "patience" else float, defaults.get(key),
+                             prefix="stopping.", allowed=rng) for key, rng in STOPPING_RANGES.items()}
     try:
-        stopping = StoppingRule(
-            kind, epochs=get_field(path, stopping_data, "epochs", float, prefix="stopping."),
-            samples=get_field(path, stopping_data, "samples", float, prefix="stopping."),
-            target_accuracy=get_field(path, stopping_data, "target_accuracy", float, prefix="stopping."),
-            patience=get_field(path, stopping_data, "patience", int, 5, prefix="stopping."),
-            min_delta=get_field(path, stopping_data, "min_delta", float, 0.01, prefix="stopping."))
+        stopping = StoppingRule(kind, **values)
     except ValueError as exc:
         raise ConfigError(path, "stopping", str(exc)) from None
-    kwargs = dict(
-        name=name, model=model, dataset_size=dataset_size,
-        per_gpu_batch=get_field(path, data, "per_gpu_batch", int, required=True, minimum=1),
-        base_lr=get_field(path, data, "base_lr", float, 0.1),
-        max_lr=get_field(path, data, "max_lr", float),
-        max_global_batch=get_field(path, data, "max_global_batch", int, minimum=1),
-        max_per_gpu_batch=get_field(path, data, "max_per_gpu_batch", int, minimum=1),
-        requested_gpus=get_field(path, data, "requested_gpus", int, 1, minimum=1),
-        max_gpus=get_field(path, data, "max_gpus", int, minimum=1),
-        stopping=stopping, priority=get_field(path, data, "priority", int, 0), command=command,
-        image=get_field(path, data, "image", str))
+    numbers = {key: get_field(path, data, key, kind, default, required=key == "per_gpu_batch", allowed=SPEC_RANGES[key])
+               for key, kind, default in _NUMBER_FIELDS}
+    kwargs = dict(name=name, model=model, dataset_size=dataset_size, **numbers, stopping=stopping, command=command,
+                  image=get_field(path, data, "image", str))
     if kwargs["max_gpus"] is not None and kwargs["requested_gpus"] > kwargs["max_gpus"]:
         raise ConfigError(path, "requested_gpus", f"{kwargs['requested_gpus']} exceeds max_gpus {kwargs['max_gpus']}")
     try:

@@ -98,7 +98,7 @@ class StateLayout:
         return self.root / "jobs"
 
     def job_dir(self, job: str) -> Path:
-        if not JOB_NAME_RE.match(job):  # never a path outside the state directory
+        if not JOB_NAME_RE.fullmatch(job):  # never a path outside the state directory
             raise ValueError(f"bad job name {job!r}")
         return self.jobs_dir / job
 
@@ -121,6 +121,13 @@ class StateLayout:
     @property
     def report_dir(self) -> Path:
         return self.root / "report"
+
+    def known_entries(self) -> list[Path]:
+        """Everything this product creates in the state directory (what ``ones run --fresh`` deletes)."""
+        names = ("dagster", "dagster.pid", "daemon.log", "mlflow.db", "mlflow.db-journal", "mlflow.db-wal",
+                 "mlflow.db-shm", "mlartifacts", "jobs", "scheduler.paused", "failed_jobs.json", "spec_errors.json",
+                 "decisions.jsonl", "policy", "report")
+        return [self.root / n for n in names] + sorted(self.root.glob("*.json.tmp"))
 
     # -- the small JSON files the scheduler writes and the CLI reads ---------------------------------
     @property

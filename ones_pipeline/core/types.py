@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" would accept a trailing newline
 
 
 class JobStatus(str, enum.Enum):
@@ -141,7 +141,7 @@ class JobSpec:
             caps.append(int(round(self.per_gpu_batch * self.max_lr / self.base_lr)))
         if self.max_global_batch is not None:
             caps.append(int(self.max_global_batch))
-        return max(self.per_gpu_batch, min(caps)) if caps else 2**62
+        return min(max(self.per_gpu_batch, min(caps)), 2**62) if caps else 2**62
 
     @property
     def gpu_cap(self) -> int:

@@ -116,12 +116,19 @@ def _observations(env: EnvConfig, plan: TickPlan, waiting_seen: dict[str, str]) 
     return events
 
 
-def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None) -> dg.RunRequest | None:
+def _spec_file(env: EnvConfig, job: str) -> Path:
+    yml = env.jobs_dir / f"{job}.yml"
+    return yml if yml.exists() else env.jobs_dir / f"{job}.yaml"
+
+
+def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None,
+           previous_failed=()) -> dg.RunRequest | None:
     cancels = [{"run_id": c.run_id, "job": c.job, "generation": c.generation, "reason": c.reason}
                for c in plan.cancels]
     decisions = [{**d.to_dict(), "policy": env.policy.name, "decide_s": round(plan.decide_s, 4)}
                  for d in plan.decisions]
-    return apply_request(cancels, decisions, dict(plan.cursor["failed"]) if plan.newly_failed else None,
+    failed_changed = plan.newly_failed or set(plan.cursor["failed"]) != set(previous_failed)  # also a job let go
+    return apply_request(cancels, decisions, dict(plan.cursor["failed"]) if failed_changed else None,
                          spec_errors, {"ref": plan.policy_ref, "state": plan.policy_state})
 
 
@@ -152,7 +159,6 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     cursor = json.loads(context.cursor) if context.cursor else {}
     now = time.time()
     specs, errors = load_job_specs(env.jobs_dir)
-    error_keys, spec_errors = _spec_errors(context, errors, set(cursor.get("errors", [])))
     new_keys = sorted(set(specs) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
     runs = job_run_infos(instance)
     finished = finished_jobs(instance)
@@ -168,9 +174,12 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind,
                         policy_state=_saved_policy_state(context, env, cursor))
     plan = plan_tick(inputs, SchedulerSettings.from_env(env))
+    # a spec the tick quarantined is listed with the bad files (spec_errors.json, `ones status`)
+    errors = errors + [ConfigError(_spec_file(env, job), None, why) for job, why in sorted(plan.quarantined.items())]
+    error_keys, spec_errors = _spec_errors(context, errors, set(cursor.get("errors", [])))
     _log_plan(context, plan)
     requests = _run_requests(plan)
-    apply = _apply(env, plan, spec_errors)
+    apply = _apply(env, plan, spec_errors, cursor.get("failed", {}))
     if apply is not None:
         requests.insert(0, apply)  # the cancellations first: they free the slots the new runs wait for
     events = _observations(env, plan, dict(cursor.get("waiting", {})))

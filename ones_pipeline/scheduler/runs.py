@@ -186,6 +186,7 @@ class TickPlan:
     decisions: list[Decision] = field(default_factory=list)
     cursor: dict[str, Any] = field(default_factory=dict)
     newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason
+    quarantined: dict[str, str] = field(default_factory=dict)  # job whose spec the tick refused -> reason
     waiting: dict[str, str] = field(default_factory=dict)  # job without slots -> why it waits
     policy_state: dict[str, Any] = field(default_factory=dict)  # the search state after this tick
     policy_ref: str = ""  # its name (a hash of it): the file the apply run writes it to

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ones_pipeline.core import model_memory
+from ones_pipeline.core.limits import spec_problem
 from ones_pipeline.core.policies import Policy, make_policy
 from ones_pipeline.core.types import (
     Allocation,
@@ -47,6 +48,7 @@ from ones_pipeline.scheduler.settings import SchedulerSettings
 
 INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
 CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
+QUARANTINED = "spec quarantined (the scheduler cannot use it)"
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
 
@@ -122,6 +124,7 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     settings = settings or SchedulerSettings()
     plan = TickPlan()
     state = _State.from_cursor(inputs.cursor)
+    quarantine(inputs, state, plan)
     current = current_schedule(inputs, state, plan)
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
@@ -134,6 +137,25 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     plan.policy_ref = policy_ref(plan.policy_state)
     plan.cursor = _cursor(inputs, policy, state, [v.name for v in views])
     return plan
+
+
+def quarantine(inputs: TickInputs, state: _State, plan: TickPlan) -> None:
+    """The tick's boundary: a spec with a number outside its range (``core.limits.spec_problem``: NaN, inf,
+    1e20 GPUs; the loaders refuse these, this holds for a spec from any source) would make the policy fail
+    for every job, so its job is marked failed with the reason and the others are scheduled. A quarantined
+    job whose spec changes since is looked at again."""
+    for job, spec in inputs.specs.items():
+        if job in inputs.finished:
+            continue
+        h = spec_hash(spec)
+        if state.failed.get(job, "").startswith(QUARANTINED) and state.hashes.get(job) != h:
+            del state.failed[job]  # its file changed: judged afresh below
+        problem = spec_problem(spec)
+        if problem is None or job in state.failed:
+            continue
+        state.failed[job] = plan.newly_failed[job] = f"{QUARANTINED}: {problem}"
+        state.hashes[job] = h
+    plan.quarantined = {j: why for j, why in state.failed.items() if why.startswith(QUARANTINED) and j in inputs.specs}
 
 
 def progress_wanted(specs: Mapping[str, Any], finished: Iterable[str], cursor: Mapping[str, Any]) -> set[str]:

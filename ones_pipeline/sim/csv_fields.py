@@ -11,13 +11,13 @@ they read the same.
 from __future__ import annotations
 
 import csv
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ones_pipeline.core.limits import Range, shown
 from ones_pipeline.sim.truth import TraceError
 
 _KINDS = ("float", "int", "text")
@@ -28,7 +28,8 @@ class Field:
     """One column: its name, its type and the values allowed (bounds for numbers, choices for text)."""
 
     name: str
-    kind: str = "float"  # "float" (finite), "int" (integral, read as a number first: "1e3" is 1000) or "text"
+    kind: str = "float"  # "float" (finite), "int" (integral, read as a number first: "1e3" is 1000; at most
+    # core.limits.MAX_INT unless ``high`` says less) or "text"
     low: float | None = None
     low_open: bool = False  # the bound ``low`` itself is not allowed
     high: float | None = None
@@ -40,47 +41,36 @@ class Field:
         if self.kind not in _KINDS:
             raise ValueError(f"Field {self.name!r}: kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
 
+    @property
+    def range(self) -> Range:
+        """The one number check (``core.limits.Range``): finite, within the bounds, integers bounded."""
+        return Range(self.kind == "int", self.low, self.high, self.low_open, self.high_open)
+
     def allowed(self) -> str:
-        """What the field accepts, in words: ``an integer >= 1``, ``a number in (0, 1]``, ``one of a, b``."""
+        """What the field accepts, in words: ``an integer in [1, 4096]``, ``a number in (0, 1]``, ``one of a, b``."""
         if self.kind == "text":
             return f"one of {', '.join(self.choices)}" if self.choices else "any text"
-        noun = "an integer" if self.kind == "int" else "a number"
-        if self.low is not None and self.high is not None:
-            return (f"{noun} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
-                    f"{')' if self.high_open else ']'}")
-        if self.low is not None:
-            return f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
-        if self.high is not None:
-            return f"{noun} {'<' if self.high_open else '<='} {self.high:g}"
-        return noun if self.kind == "int" else "a finite number"
+        return self.range.allowed()
 
     def parse(self, raw: str, path: Path, row: int) -> Any:
         """The typed value of ``raw`` (already stripped), or a TraceError saying what is allowed."""
         if self.kind == "text":
             value = raw.lower() if self.lower else raw
             if self.choices is not None and value not in self.choices:
-                raise TraceError(path, f"unknown value {raw!r}; allowed: {', '.join(self.choices)}", row=row,
+                raise TraceError(path, f"unknown value {shown(raw)}; allowed: {', '.join(self.choices)}", row=row,
                                  field=self.name)
             return value
         try:
             value = float(raw)
         except ValueError:
             raise self._bad(path, row, "non-numeric value", raw) from None
-        if not math.isfinite(value):
-            raise self._bad(path, row, "non-finite value", raw)
-        if self.kind == "int" and value != int(value):
-            raise self._bad(path, row, "non-integer value", raw)
-        if not self._in_range(value):
-            raise self._bad(path, row, "out-of-range value", raw)
+        problem = self.range.problem(value)
+        if problem is not None:
+            raise self._bad(path, row, problem, raw)
         return int(value) if self.kind == "int" else value
 
-    def _in_range(self, value: float) -> bool:
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return not (self.high is not None and (value >= self.high if self.high_open else value > self.high))
-
     def _bad(self, path: Path, row: int, problem: str, raw: str) -> TraceError:
-        return TraceError(path, f"{problem} {raw!r}; allowed: {self.allowed()}", row=row, field=self.name)
+        return TraceError(path, f"{problem} {shown(raw)}; allowed: {self.allowed()}", row=row, field=self.name)
 
 
 def number(name: str, *, low: float | None = None, low_open: bool = False, high: float | None = None,
@@ -89,9 +79,9 @@ def number(name: str, *, low: float | None = None, low_open: bool = False, high:
     return Field(name, "float", low, low_open, high, high_open)
 
 
-def integer(name: str, *, minimum: int | None = None) -> Field:
-    """An integral number, optionally at least ``minimum``."""
-    return Field(name, "int", low=minimum)
+def integer(name: str, *, minimum: int | None = None, maximum: int | None = None) -> Field:
+    """An integral number, optionally at least ``minimum``, at most ``maximum`` (default ``core.limits.MAX_INT``)."""
+    return Field(name, "int", low=minimum, high=maximum)
 
 
 def text(name: str, *, choices: Sequence[str] | None = None, lower: bool = False) -> Field:
@@ -117,7 +107,7 @@ class Row:
 
     def out_of_range(self, field: str, allowed: str) -> TraceError:
         """The error of a value that parsed but breaks a rule involving other fields (``allowed`` says which)."""
-        return self.error(field, f"out-of-range value {self.raw[field]!r}; allowed: {allowed}")
+        return self.error(field, f"out-of-range value {shown(self.raw[field])}; allowed: {allowed}")
 
 
 def _read_lines(path: Path, what: str) -> list[list[str]]:

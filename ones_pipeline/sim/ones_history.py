@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE, shown
 from ones_pipeline.sim.csv_fields import Row, integer, number, read_rows
 from ones_pipeline.sim.ones_trace_reader import TraceRow, read_ones_trace
 from ones_pipeline.sim.truth import TraceError
@@ -20,10 +21,10 @@ from ones_pipeline.sim.truth import TraceError
 HISTORY_FIELDS = (
     integer("id", minimum=0),
     integer("epoch", minimum=0),
-    integer("epoch_size", minimum=1),
+    integer("epoch_size", minimum=1, maximum=MAX_EPOCH_SIZE),
     number("num_samples", low=0),
     number("total_workload", low=0, low_open=True),
-    integer("batch_size", minimum=1),
+    integer("batch_size", minimum=1, maximum=MAX_BATCH),
     number("lr", low=0, low_open=True),
     number("initial_loss"),
     number("loss"),
@@ -158,7 +159,7 @@ def read_artifact_profile(path: str | Path) -> dict[int, float]:
     for row in read_artifact_rows(path):
         jid = row["id"]
         if jid in out:
-            raise row.error("id", f"repeated job id {row.raw['id']!r} (first at row {first[jid]}); "
+            raise row.error("id", f"repeated job id {shown(row.raw['id'])} (first at row {first[jid]}); "
                                   "allowed: each trace row once")
         first[jid] = row.number
         out[jid] = row["execution_time"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ones_pipeline.core.limits import MAX_BATCH, MAX_EPOCH_SIZE, MAX_GPUS, MAX_LR, MAX_PATIENCE, MIN_LR, shown
 from ones_pipeline.sim.csv_fields import integer, number, read_rows, text
 from ones_pipeline.sim.ones_job_types import JOB_TYPES, JobType, allowed_pairs
 from ones_pipeline.sim.truth import MAX_ARRIVAL_S
@@ -19,13 +20,13 @@ TRACE_FIELDS = (
     number("time", low=0, high=MAX_ARRIVAL_S),
     text("model"),
     text("task"),
-    integer("epoch_size", minimum=1),
-    integer("patience", minimum=1),
-    integer("batch_size", minimum=1),
-    number("lr", low=0, low_open=True),
-    number("max_lr"),  # >= lr, checked per row
+    integer("epoch_size", minimum=1, maximum=MAX_EPOCH_SIZE),
+    integer("patience", minimum=1, maximum=MAX_PATIENCE),
+    integer("batch_size", minimum=1, maximum=MAX_BATCH),
+    number("lr", low=MIN_LR, high=MAX_LR),
+    number("max_lr", low=MIN_LR, high=MAX_LR),  # >= lr, checked per row
     number("target_acc", low=0, low_open=True, high=1),
-    integer("num_gpus", minimum=1),
+    integer("num_gpus", minimum=1, maximum=MAX_GPUS),
 )
 TRACE_COLUMNS = tuple(f.name for f in TRACE_FIELDS)
 
@@ -56,8 +57,9 @@ def read_ones_trace(path: str | Path) -> list[TraceRow]:
     for row in read_rows(path, TRACE_FIELDS, what="trace file"):
         v = row.values
         if (v["model"], v["task"]) not in JOB_TYPES:
+            pair = shown(f"{v['model']}/{v['task']}")
             raise row.error("model" if v["model"] not in models else "task",
-                            f"unknown model/task {v['model']}/{v['task']}; allowed: {', '.join(allowed_pairs())}")
+                            f"unknown model/task {pair}; allowed: {', '.join(allowed_pairs())}")
         if not v["max_lr"] >= v["lr"]:
             raise row.out_of_range("max_lr", f"a number >= lr ({v['lr']:g})")
         out.append(TraceRow(row.number - 1, **v))

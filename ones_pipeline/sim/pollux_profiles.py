@@ -21,15 +21,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ones_pipeline.core.limits import MAX_BATCH, MAX_GPUS
 from ones_pipeline.sim.csv_fields import Field, integer, number, read_rows
 from ones_pipeline.sim.truth import TraceError
 
 POLLUX_MODELS = ("cifar10", "ncf", "deepspeech2", "bert", "yolov3", "imagenet")
 
-_PLACEMENT_FIELDS = (integer("placement", minimum=1), integer("local_bsz", minimum=1),
+_PLACEMENT_FIELDS = (integer("placement", minimum=1), integer("local_bsz", minimum=1, maximum=MAX_BATCH),
                      number("step_time", low=0, low_open=True), number("sync_time", low=0))
-_SCALABILITY_FIELDS = (integer("num_nodes", minimum=1), integer("num_replicas", minimum=1),
-                       integer("local_bsz", minimum=1), number("step_time", low=0, low_open=True),
+_SCALABILITY_FIELDS = (integer("num_nodes", minimum=1, maximum=MAX_GPUS),
+                       integer("num_replicas", minimum=1, maximum=MAX_GPUS),
+                       integer("local_bsz", minimum=1, maximum=MAX_BATCH), number("step_time", low=0, low_open=True),
                        number("sync_time", low=0))
 _VALIDATION_FIELDS = (number("progress", low=0), integer("iteration", minimum=0), number("metric"),
                       number("grad_sqr", low=0), number("grad_var", low=0))

@@ -6,6 +6,7 @@ import math
 import re
 from pathlib import Path
 
+from ones_pipeline.core.limits import MAX_BATCH, MAX_GPUS, shown
 from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
 from ones_pipeline.sim.csv_fields import Row, integer, number, read_rows, text
 from ones_pipeline.sim.pollux_profiles import POLLUX_MODELS, PolluxModelProfile, load_pollux_profile
@@ -15,8 +16,8 @@ POLLUX_WORKLOAD_FIELDS = (
     text("name"),
     number("time", low=0, high=MAX_ARRIVAL_S),
     text("application", choices=POLLUX_MODELS, lower=True),
-    integer("num_replicas", minimum=1),
-    integer("batch_size", minimum=1),
+    integer("num_replicas", minimum=1, maximum=MAX_GPUS),
+    integer("batch_size", minimum=1, maximum=MAX_BATCH),
 )
 POLLUX_WORKLOAD_COLUMNS = tuple(f.name for f in POLLUX_WORKLOAD_FIELDS)
 
@@ -33,7 +34,7 @@ def _job_names(rows: list[Row]) -> list[str]:
     for row in rows:
         name = _slug(row["name"])
         if not name or not JOB_NAME_RE.match(name):
-            raise row.error("name", f"job name {row['name']!r} gives no valid job id; allowed: a name with a "
+            raise row.error("name", f"job name {shown(row['name'])} gives no valid job id; allowed: a name with a "
                                     "letter or digit (lower-cased; other characters become '-')")
         if name in seen:
             raise row.error("name", f"duplicate job name {name!r} (first at row {seen[name]})")

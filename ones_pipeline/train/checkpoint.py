@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ones_pipeline.reporting import new_file_mode
 from ones_pipeline.train.state_dir import check_state_dir
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ def save_checkpoint(state_dir: str | os.PathLike, state: Mapping[str, Any]) -> P
     fd, tmp_name = tempfile.mkstemp(dir=state_dir, prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX)
     tmp = Path(tmp_name)
     try:
+        os.fchmod(fd, new_file_mode())  # the user's umask, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             torch.save(plain, f)
             f.flush()

@@ -33,7 +33,7 @@ from ones_pipeline.adapters.mlflow.schema import (
     make_record,
 )
 from ones_pipeline.adapters.mlflow.sqlite_fast import UnverifiedSchema, read_runs
-from ones_pipeline.adapters.mlflow.store import TrackerError, sqlite_path, store_scheme
+from ones_pipeline.adapters.mlflow.store import TrackerError, check_reachable, sqlite_path, store_scheme
 from ones_pipeline.core.types import JOB_NAME_RE, ThroughputObs
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class JobProgress:
         return self.metrics.get("grad_noise_scale")
 
 
+REACH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is unreachable
+
+
 def read_progress(tracking_uri: str, experiment: str, jobs: Iterable[str] | None = None, *,
                   method: str = "auto") -> dict[str, JobProgress]:
     """Progress of every job (or of ``jobs``) with a run in ``experiment``, keyed by job name.
@@ -94,6 +97,8 @@ def read_progress(tracking_uri: str, experiment: str, jobs: Iterable[str] | None
         raise ValueError(f"method must be 'auto', 'sql' or 'client', got {method!r}")
     if method == "sql" and kind != "sqlite":
         raise TrackerError(f"tracking URI {tracking_uri!r}: method='sql' needs an sqlite store")
+    if kind != "sqlite":  # a dead server: one TrackerError within REACH_TIMEOUT_S, not minutes of client retries
+        check_reachable(tracking_uri, REACH_TIMEOUT_S)
     rows = None
     if kind == "sqlite" and method in ("auto", "sql"):
         rows = _read_direct(tracking_uri, experiment, wanted, strict=method == "sql")
