@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -177,10 +176,8 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     parent = os.getppid()
     trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
     killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
-    resize_dir = Path(req.state_dir) / f".resize-{os.getpid()}-{port}" if req.resizes_in_place else None
-    procs = _start_ranks(req, port, stop_file, resize_dir)
+    procs, resizer = _start_all(req, port, stop_file)
     deadline: list[float] = []
-    resizer = _resizer(req, procs, stop_file, resize_dir) if resize_dir is not None else None
 
     def on_signal(signum, frame):
         if not deadline:
@@ -222,25 +219,29 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     finally:
         if resizer is not None:
             resizer.close()
-            shutil.rmtree(resize_dir, ignore_errors=True)
         relay(final=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
 
 
-def _resizer(req: LaunchRequest, procs: list[subprocess.Popen], stop_file: Path, resize_dir: Path) -> Resizer:
-    """The in-place resizes of this launcher's generation (``resize_control``)."""
+def _start_all(req: LaunchRequest, port: int, stop_file: Path) -> tuple[list[subprocess.Popen], Resizer | None]:
+    """The ranks, and what makes this launcher's in-place resizes (``resize_control``) where it can."""
+    if not req.resizes_in_place:
+        return _start_ranks(req, port, stop_file, None), None
+    resize_dir = Path(req.state_dir) / f".resize-{os.getpid()}-{port}"
+    procs = _start_ranks(req, port, stop_file, resize_dir)
+
     def start(rank, world_size, slot, port, membership, joining, batch, lr):
         return _start_rank(req, stop_file, resize_dir, rank, world_size, slot, port, membership, joining, batch, lr)
 
     def rule(n: int) -> tuple[int, float]:
         return batch_and_lr(req.spec, n)
 
-    return Resizer(job=req.spec.name, job_dir=Path(req.state_dir), generation=req.allocation.generation,
-                   device="gpu" if req.allocation.gpus else "cpu", slots=req.allocation.slot_ids, procs=procs,
-                   resize_dir=resize_dir, start=start, batch_and_lr=rule, free_port=_free_port,
-                   timeout_s=req.resize_timeout_s)
+    return procs, Resizer(job=req.spec.name, job_dir=Path(req.state_dir), generation=req.allocation.generation,
+                          device="gpu" if req.allocation.gpus else "cpu", slots=req.allocation.slot_ids, procs=procs,
+                          resize_dir=resize_dir, start=start, batch_and_lr=rule, free_port=_free_port,
+                          timeout_s=req.resize_timeout_s)
 
 
 def _stop_before_training(req: LaunchRequest, procs: list[subprocess.Popen]) -> None:

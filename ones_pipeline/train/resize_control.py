@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -133,13 +134,14 @@ class Resizer:
             self._check_change()
 
     def close(self) -> None:
-        """Kill what only the resizer knows of (newcomers warming up, leavers not gone yet)."""
+        """Kill what only the resizer knows of (newcomers warming up, leavers not gone yet); remove its directory."""
         extra = list(self._change.get("newcomers", [])) if self._change else []
         for p in [*extra, *(p for p, _ in self._leavers)]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         self._change, self._leavers = None, []
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- stages -------------------------------------------------------------------------------------
     def _take_request(self) -> None:
