@@ -31,7 +31,7 @@ import json
 import logging
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,10 +39,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ones_pipeline.train.checkpoint import capture_rng_state, restore_rng_state
 from ones_pipeline.train.noise_probe import NoiseScaleProbe
+from ones_pipeline.train.placement import Placement
 
-if TYPE_CHECKING:
-    from ones_pipeline.train.api import TrainingSession
-    from ones_pipeline.train.placement import Placement
+# ``s`` below: an ``api.TrainingSession`` (typed Any: api imports this module).
+TrainingSession = Any
 
 log = logging.getLogger("ones_pipeline.train")
 PLAN_POLL_S = 0.02
