@@ -1,0 +1,199 @@
+"""In-place resize of a running generation (``train.resize_control``, ``train.membership``) end to end: real
+launchers, real rank processes (gloo on CPU slots), resizes requested through ``request_resize``, stops through
+the scheduler's preemption file, kill -9 and SIGSTOP from outside. Every rank logs each step it trains
+(``benchmarks/step_log.py`` as the job's command), and the checks read those logs and the checkpoint: every
+step trained exactly its rank's share of the epoch order at its position, every member of the step's group
+took part once, and the steps chain without a gap or a repeat from the first sample to the checkpoint's
+sample count."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+psutil = pytest.importorskip("psutil")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file  # noqa: E402
+from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
+from ones_pipeline.train.resize_control import request_resize  # noqa: E402
+from ones_pipeline.train.sampler import EpochOrder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 1437  # digits' training set
+SPEC = {"name": "inplace", "model": "mlp-digits", "dataset_size": N, "per_gpu_batch": 16, "base_lr": 0.05,
+        "max_lr": 0.2, "requested_gpus": 1, "stopping": {"kind": "epochs", "epochs": 100000},
+        "command": ["python", str(ROOT / "benchmarks" / "step_log.py")]}
+
+
+class Job:
+    """One job's launchers, one generation at a time, as the scheduler would run them."""
+
+    def __init__(self, root: Path, resize_timeout: float = 60.0):
+        self.state, self.timeout = root / "job", resize_timeout
+        self.state.mkdir(parents=True)
+        (root / "spec.json").write_text(json.dumps(SPEC))
+        self.spec_file, self.gen, self.size, self.proc = root / "spec.json", -1, 0, None
+
+    def start(self, slots: int) -> None:
+        self.gen, self.size = self.gen + 1, slots
+        env = {**os.environ, "STEP_LOG_INDICES": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ones_pipeline.train", "--spec", str(self.spec_file), "--slots", str(slots),
+             "--generation", str(self.gen), "--state-dir", str(self.state), "--grace-period", "30",
+             "--resize-timeout", str(self.timeout)], cwd=ROOT, env=env)
+        self.trains(slots)
+
+    def rows(self) -> list[dict]:
+        out = []
+        for f in self.state.glob("steps-*.jsonl"):
+            pid = int(f.stem.split("-")[1])
+            out += [{**json.loads(line), "pid": pid} for line in f.read_text().splitlines() if line.endswith("}")]
+        return out
+
+    def events(self, name: str) -> list[dict]:
+        path = self.state / PROGRESS_FILE
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        return [r for r in rows if r.get("event") == name]
+
+    def trains(self, world: int, steps: int = 10, timeout: float = 120.0) -> None:
+        """Wait until ``steps`` steps at ``world`` processes in the current generation started from now on."""
+        since, deadline = time.time(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sum(r["world"] == world and r["gen"] == self.gen and r["t0"] >= since for r in self.rows()) >= steps:
+                return
+            assert self.proc.poll() is None, f"launcher exited with {self.proc.returncode}"
+            time.sleep(0.1)
+        pytest.fail(f"no training at {world} process(es) within {timeout:.0f} s")
+
+    def resize(self, slots: int) -> None:
+        request_resize(self.state, self.gen, list(range(slots)))
+        self.size = slots
+        self.trains(slots)
+
+    def restart(self, slots: int) -> None:
+        """The checkpoint path: the scheduler's preemption, then a new generation."""
+        preempt_request_file(self.state, self.gen).write_text(json.dumps({"reason": "test"}))
+        assert self.proc.wait(timeout=120) == 0
+        self.start(slots)
+
+    def ranks(self) -> list[psutil.Process]:
+        """The launcher's rank processes, by rank (its children: it starts them)."""
+        procs = psutil.Process(self.proc.pid).children()
+        return sorted(procs, key=lambda p: int(p.environ().get("ONES_RANK", 0)))
+
+    def kill_rank(self) -> None:
+        """kill -9 one rank: the launcher fails, and the job's next generation resumes from the checkpoint."""
+        os.kill(self.ranks()[-1].pid, signal.SIGKILL)
+        assert self.proc.wait(timeout=120) != 0
+        self.start(self.size)
+
+    def stop(self) -> dict:
+        preempt_request_file(self.state, self.gen).write_text(json.dumps({"reason": "test"}))
+        assert self.proc.wait(timeout=120) == 0
+        return load_checkpoint(self.state)["progress"]
+
+
+def check_exact(job: Job, progress: dict) -> None:
+    """Every step trained its rank's share of the epoch order; the committed steps chain to the checkpoint."""
+    order = EpochOrder(N, seed=0)
+    instances: dict[tuple, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in job.rows():
+        share = order.batch_indices(r["epoch"], r["pos"], r["batch"], r["rank"], r["world"]).tolist()
+        assert r["idx"] == share, f"rank {r['rank']}/{r['world']} at {r['epoch']}:{r['pos']} trained other samples"
+        instances[(r["epoch"], r["pos"], r["batch"], r["world"], r["gen"])][r["rank"]].append(r["t0"])
+    latest: dict[tuple[int, int], tuple[float, tuple]] = {}  # the last instance of a step at each position
+    for key, by_rank in instances.items():
+        t = max(max(ts) for ts in by_rank.values())
+        if key[:2] not in latest or t > latest[key[:2]][0]:
+            latest[key[:2]] = (t, key)
+    epoch, pos, samples = 0, 0, 0
+    while samples < progress["samples_done"]:  # the steps the checkpoint descends from
+        assert (epoch, pos) in latest, f"no step at epoch {epoch} position {pos} ({samples} samples)"
+        key = latest[(epoch, pos)][1]
+        by_rank, world = instances[key], key[3]
+        # every member of the group, each once: no share missing, none trained by two processes
+        assert set(by_rank) == set(range(world)) and {len(ts) for ts in by_rank.values()} == {1}, (key, by_rank)
+        took = min(key[2], N - pos)
+        samples, pos = samples + took, pos + took
+        if pos == N:
+            epoch, pos = epoch + 1, 0
+    assert samples == progress["samples_done"] == progress["epoch"] * N + progress["position"]
+
+
+OPS = st.lists(st.sampled_from(["resize", "restart", "kill"]), min_size=1, max_size=3)
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=OPS, start=st.sampled_from([1, 2]))
+def test_any_mix_of_in_place_resizes_restarts_and_kills_keeps_the_data_exact(ops, start):
+    with tempfile.TemporaryDirectory(prefix="inplace-") as tmp:
+        job = Job(Path(tmp))
+        job.start(start)
+        resizes = 0
+        for op in ops:
+            if op == "resize":
+                job.resize(3 - job.size)  # 1 <-> 2
+                resizes += 1
+            elif op == "restart":
+                job.restart(3 - job.size)
+            else:
+                job.kill_rank()
+        check_exact(job, job.stop())
+        assert len(job.events("resized")) == resizes and not job.events("resize_fallback")
+
+
+def test_a_new_member_killed_while_warming_up_falls_back_to_the_checkpoint(tmp_path):
+    job = Job(tmp_path)
+    job.start(1)
+    before = {p.pid for p in job.ranks()}
+    request_resize(job.state, job.gen, [0, 1])
+    deadline = time.monotonic() + 30
+    while not (new := [p for p in job.ranks() if p.pid not in before]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(new[0].pid, signal.SIGKILL)
+    job.trains(2)  # the same launcher, restarted on both slots from the checkpoint
+    assert job.proc.poll() is None
+    [fallback] = job.events("resize_fallback")
+    assert fallback["to"] == 2 and "warming up" in fallback["reason"]
+    check_exact(job, job.stop())
+
+
+def test_rank_0_killed_during_a_shrink_falls_back_to_the_checkpoint(tmp_path):
+    job = Job(tmp_path)
+    job.start(2)
+    rank0 = job.ranks()[0]
+    os.kill(rank0.pid, signal.SIGSTOP)  # it cannot complete the change: the kill lands during it
+    request_resize(job.state, job.gen, [0])
+    time.sleep(1.5)  # the launcher polls its request file every 50 ms
+    os.kill(rank0.pid, signal.SIGKILL)
+    job.trains(1)
+    [fallback] = job.events("resize_fallback")
+    assert fallback["from"] == 2 and fallback["to"] == 1 and "during the change" in fallback["reason"]
+    check_exact(job, job.stop())
+
+
+def test_a_member_that_hangs_during_a_change_cannot_hold_the_group_forever(tmp_path):
+    """SIGSTOP a member as the shrink is asked for: the others wait for it in a collective (their own timeout is
+    minutes); the launcher gives the change ``--resize-timeout`` seconds, then restarts from the checkpoint."""
+    job = Job(tmp_path, resize_timeout=6.0)
+    job.start(2)
+    os.kill(job.ranks()[1].pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    request_resize(job.state, job.gen, [0])
+    job.trains(1, steps=1, timeout=60)
+    assert 6.0 <= time.monotonic() - t0 < 40
+    [fallback] = job.events("resize_fallback")
+    assert "within 6 s" in fallback["reason"]
+    check_exact(job, job.stop())
