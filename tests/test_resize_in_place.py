@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file  # noqa: E402
+from ones_pipeline.train.__main__ import build_parser, progress_line, request_from  # noqa: E402
 from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
 from ones_pipeline.train.resize_control import request_resize  # noqa: E402
 from ones_pipeline.train.sampler import EpochOrder  # noqa: E402
@@ -199,3 +200,28 @@ def test_a_member_that_hangs_during_a_change_cannot_hold_the_group_forever(tmp_p
     [fallback] = job.events("resize_fallback")
     assert "within 6 s" in fallback["reason"]
     check_exact(job, job.stop())
+
+
+def test_bad_resize_requests_are_refused_with_the_reason(tmp_path):
+    for slots in ([], [0, 0], [-1]):
+        with pytest.raises(ValueError, match="slots must be distinct ids >= 0"):
+            request_resize(tmp_path, 0, slots)
+    with pytest.raises(ValueError, match="global_batch must be >= 1"):
+        request_resize(tmp_path, 0, [0], global_batch=0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_run_log_says_which_path_a_resize_took(tmp_path):
+    args = build_parser().parse_args(["--name", "j", "--epochs", "1", "--state-dir", str(tmp_path), "--slots", "2"])
+    req = request_from(args)
+    grew = progress_line(req, {"event": "resized", "from": 1, "to": 2, "paused_s": 0.37, "samples": 640,
+                               "global_batch": 64, "generation": 3})
+    assert grew == "j generation 3: grew 1 -> 2 CPU slots in place at 640 samples, 0.4 s without training; " \
+                   "global batch 64"
+    shrank = progress_line(req, {"event": "resized", "from": 2, "to": 1, "paused_s": 0.05, "samples": 9,
+                                 "global_batch": 32, "generation": 3})
+    assert shrank.startswith("j generation 3: shrank 2 -> 1 CPU slot in place")
+    fell = progress_line(req, {"event": "resize_fallback", "from": 1, "to": 2, "generation": 3,
+                               "reason": "a new process exited with -9 while warming up"})
+    assert fell == ("j generation 3: in-place resize 1 -> 2 failed (a new process exited with -9 while warming "
+                    "up): restarted from the checkpoint")
