@@ -18,6 +18,9 @@ red failure). Every Slurm task's launcher sees the same file on the shared files
 decides that a generation had not trained yet and kills its rank at once, and the other tasks follow its
 "stopped" event. Rank 0 is the one whose exit counts: once it has ended cleanly, a peer that fails as the
 group breaks up (a collective whose rank 0 left) does not fail the launcher.
+A launcher that holds all its ranks (not a Slurm task) also changes them in place on request
+(``resize-g<generation>.json``, ``resize_control.request_resize``): new ranks warm up while the old ones train,
+the group re-forms at a step boundary, and a change that fails restarts the new slot set from the checkpoint.
 """
 
 from __future__ import annotations

@@ -135,13 +135,16 @@ class Resizer:
 
     def close(self) -> None:
         """Kill what only the resizer knows of (newcomers warming up, leavers not gone yet); remove its directory."""
+        self._abandon()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _abandon(self) -> None:
         extra = list(self._change.get("newcomers", [])) if self._change else []
         for p in [*extra, *(p for p, _ in self._leavers)]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         self._change, self._leavers = None, []
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- stages -------------------------------------------------------------------------------------
     def _take_request(self) -> None:
@@ -205,6 +208,9 @@ class Resizer:
         failed = [p.returncode for p in members if p.poll() is not None] + \
                  [p.returncode for p in leaving if p.poll() not in (None, 0)]
         done = (self.dir / f"done-{ch['k']}").exists()
+        if not done and all(m.proc.poll() == 0 for m in self.members):  # finished before it took the plan up
+            log.info("job %s: the generation ended before the change: resize not carried out", self.job)
+            return self._abandon()
         if failed and not done:
             return self._fall_back(f"a member exited with {failed[0]} during the change", checkpoint_written=True)
         if not done:
