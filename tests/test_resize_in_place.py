@@ -109,11 +109,13 @@ class Job:
 def check_exact(job: Job, progress: dict) -> None:
     """Every step trained its rank's share of the epoch order; the committed steps chain to the checkpoint."""
     order = EpochOrder(N, seed=0)
-    instances: dict[tuple, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    instances: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    params: dict[tuple, list[float]] = defaultdict(list)
     for r in job.rows():
         share = order.batch_indices(r["epoch"], r["pos"], r["batch"], r["rank"], r["world"]).tolist()
         assert r["idx"] == share, f"rank {r['rank']}/{r['world']} at {r['epoch']}:{r['pos']} trained other samples"
         instances[(r["epoch"], r["pos"], r["batch"], r["world"], r["gen"])][r["rank"]].append(r["t0"])
+        params[(r["epoch"], r["pos"], r["batch"], r["world"], r["gen"])].append(r["params"])
     latest: dict[tuple[int, int], tuple[float, tuple]] = {}  # the last instance of a step at each position
     for key, by_rank in instances.items():
         t = max(max(ts) for ts in by_rank.values())
@@ -126,6 +128,8 @@ def check_exact(job: Job, progress: dict) -> None:
         by_rank, world = instances[key], key[3]
         # every member of the group, each once: no share missing, none trained by two processes
         assert set(by_rank) == set(range(world)) and {len(ts) for ts in by_rank.values()} == {1}, (key, by_rank)
+        # the replicas agree after the step (model and optimizer state were handed over, DDP synchronised)
+        assert max(params[key]) - min(params[key]) <= 1e-6 * max(1.0, abs(params[key][0])), (key, params[key])
         took = min(key[2], N - pos)
         samples, pos = samples + took, pos + took
         if pos == N:
@@ -133,13 +137,12 @@ def check_exact(job: Job, progress: dict) -> None:
     assert samples == progress["samples_done"] == progress["epoch"] * N + progress["position"]
 
 
-OPS = st.lists(st.sampled_from(["resize", "restart", "kill"]), min_size=1, max_size=3)
+OPS = st.lists(st.sampled_from(["resize", "restart", "kill"]), min_size=1, max_size=2)
 
 
 @settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ops=OPS, start=st.sampled_from([1, 2]))
-@example(ops=["resize", "kill", "resize"], start=1)  # grow, kill -9 at 2, shrink
-@example(ops=["restart", "resize"], start=2)  # checkpoint path 2 -> 1, then grow in place
+@example(ops=["resize", "kill", "restart"], start=1)  # grow in place, kill -9 at 2, checkpoint path 2 -> 1
 def test_any_mix_of_in_place_resizes_restarts_and_kills_keeps_the_data_exact(ops, start):
     with tempfile.TemporaryDirectory(prefix="inplace-") as tmp:
         job = Job(Path(tmp))

@@ -156,7 +156,7 @@ def _rewrap(s: TrainingSession) -> None:
     model: DistributedDataParallel = s._model
     DistributedDataParallel.__init__(model, model.module,
                                      device_ids=[s.device.index] if s.device.type == "cuda" else None)
-    model.register_forward_pre_hook(s._on_forward)
+    _hooks(s, model)
     state = s._gns.state_dict()
     s._gns.detach()
     s._gns = NoiseScaleProbe.for_placement(s.p, s.dataset_size)
@@ -172,5 +172,12 @@ def wrap(s: TrainingSession, model: torch.nn.Module) -> torch.nn.Module:
     if not dist.is_initialized():
         return model
     model = DistributedDataParallel(model, device_ids=[s.device.index] if s.device.type == "cuda" else None)
-    model.register_forward_pre_hook(s._on_forward)
+    _hooks(s, model)
     return model
+
+
+def _hooks(s: TrainingSession, model: DistributedDataParallel) -> None:
+    """The session's forward hook; one process: DDP synchronises nothing (as inside ``no_sync()``, whose exit
+    restores this), so a job that can grow in place trains at one process as fast as without DDP."""
+    model.register_forward_pre_hook(s._on_forward)
+    model.require_backward_grad_sync = s.p.world_size > 1
