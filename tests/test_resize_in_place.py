@@ -41,8 +41,8 @@ SPEC = {"name": "inplace", "model": "mlp-digits", "dataset_size": N, "per_gpu_ba
 class Job:
     """One job's launchers, one generation at a time, as the scheduler would run them."""
 
-    def __init__(self, root: Path, resize_timeout: float = 60.0):
-        self.state, self.timeout = root / "job", resize_timeout
+    def __init__(self, root: Path, resize_timeout: float = 60.0, tracking_uri: str | None = None):
+        self.state, self.timeout, self.uri = root / "job", resize_timeout, tracking_uri
         self.state.mkdir(parents=True)
         (root / "spec.json").write_text(json.dumps(SPEC))
         self.spec_file, self.gen, self.size, self.proc = root / "spec.json", -1, 0, None
@@ -53,7 +53,8 @@ class Job:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ones_pipeline.train", "--spec", str(self.spec_file), "--slots", str(slots),
              "--generation", str(self.gen), "--state-dir", str(self.state), "--grace-period", "30",
-             "--resize-timeout", str(self.timeout)], cwd=ROOT, env=env)
+             "--resize-timeout", str(self.timeout), *(["--tracking-uri", self.uri] if self.uri else [])],
+            cwd=ROOT, env=env)
         self.trains(slots)
 
     def rows(self) -> list[dict]:
@@ -228,3 +229,17 @@ def test_the_run_log_says_which_path_a_resize_took(tmp_path):
                                "reason": "a new process exited with -9 while warming up"})
     assert fell == ("j generation 3: in-place resize 1 -> 2 failed (a new process exited with -9 while warming "
                     "up): restarted from the checkpoint")
+
+
+def test_the_mlflow_run_shows_an_in_place_change(tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    job = Job(tmp_path, tracking_uri=uri)
+    job.start(1)
+    job.resize(2)
+    check_exact(job, job.stop())
+    from ones_pipeline.adapters.mlflow import read_progress
+
+    run = mlflow.tracking.MlflowClient(uri).get_run(read_progress(uri, "ones", ["inplace"])["inplace"].run_id)
+    assert run.data.tags["ones.last_resize"].startswith("grew 1 -> 2 processes in place at ")
+    assert run.data.tags["ones.restarts"] == "0" and run.info.status == "KILLED"

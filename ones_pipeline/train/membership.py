@@ -110,6 +110,9 @@ def change(s: TrainingSession, k: int) -> None:
                    "samples": s.progress.samples_done, "global_batch": s.global_batch, "generation": s.p.generation,
                    "membership": k})
         (s.p.resize_dir / f"done-{k}").touch()
+        if s._run is not None:  # the MLflow run says so beside its restarts (tag ``ones.restarts``)
+            s._run.set_tags({"ones.last_resize": f"{kind} {old} -> {s.p.world_size} processes in place at "
+                                                 f"{s.progress.samples_done} samples, {paused:.2f} s without training"})
 
 
 def join(s: TrainingSession) -> bool:
