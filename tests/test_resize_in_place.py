@@ -28,7 +28,7 @@ from hypothesis import strategies as st  # noqa: E402
 from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file  # noqa: E402
 from ones_pipeline.train.__main__ import build_parser, progress_line, request_from  # noqa: E402
 from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
-from ones_pipeline.train.resize_control import request_resize  # noqa: E402
+from ones_pipeline.train.resize_control import in_place_reason, request_resize  # noqa: E402
 from ones_pipeline.train.sampler import EpochOrder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +41,13 @@ SPEC = {"name": "inplace", "model": "mlp-digits", "dataset_size": N, "per_gpu_ba
 class Job:
     """One job's launchers, one generation at a time, as the scheduler would run them."""
 
-    def __init__(self, root: Path, resize_timeout: float = 60.0, tracking_uri: str | None = None):
+    def __init__(self, root: Path, resize_timeout: float = 60.0, tracking_uri: str | None = None, spec: dict = SPEC):
         self.state, self.timeout, self.uri = root / "job", resize_timeout, tracking_uri
         self.state.mkdir(parents=True)
-        (root / "spec.json").write_text(json.dumps(SPEC))
+        (root / "spec.json").write_text(json.dumps(spec))
         self.spec_file, self.gen, self.size, self.proc = root / "spec.json", -1, 0, None
 
-    def start(self, slots: int) -> None:
+    def start(self, slots: int, logs_steps: bool = True) -> None:
         self.gen, self.size = self.gen + 1, slots
         env = {**os.environ, "STEP_LOG_INDICES": "1"}
         self.proc = subprocess.Popen(
@@ -55,7 +55,8 @@ class Job:
              "--generation", str(self.gen), "--state-dir", str(self.state), "--grace-period", "30",
              "--resize-timeout", str(self.timeout), *(["--tracking-uri", self.uri] if self.uri else [])],
             cwd=ROOT, env=env)
-        self.trains(slots)
+        if logs_steps:
+            self.trains(slots)
 
     def rows(self) -> list[dict]:
         out = []
@@ -243,3 +244,33 @@ def test_the_mlflow_run_shows_an_in_place_change(tmp_path):
     run = mlflow.tracking.MlflowClient(uri).get_run(read_progress(uri, "ones", ["inplace"])["inplace"].run_id)
     assert run.data.tags["ones.last_resize"].startswith("grew 1 -> 2 processes in place at ")
     assert run.data.tags["ones.restarts"] == "0" and run.info.status == "KILLED"
+
+
+def test_a_user_script_on_the_session_loop_is_resized_in_place_unchanged(tmp_path):
+    """examples/train_user_script.py as it is: grown and shrunk in place, then stopped with a checkpoint."""
+    spec = {**json.loads((ROOT / "examples" / "user_job.json").read_text()),
+            "stopping": {"kind": "epochs", "epochs": 100000}}
+    job = Job(tmp_path, spec=spec)
+    job.start(1, logs_steps=False)
+
+    def event(name: str, n: int) -> None:
+        deadline = time.monotonic() + 120
+        while len(job.events(name)) < n:
+            assert job.proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+
+    event("training", 1)
+    request_resize(job.state, 0, [0, 1])
+    event("resized", 1)
+    request_resize(job.state, 0, [0])
+    event("resized", 2)
+    progress = job.stop()
+    assert [(e["from"], e["to"]) for e in job.events("resized")] == [(1, 2), (2, 1)]
+    assert not job.events("resize_fallback") and progress["restarts"] == 0
+    assert progress["samples_done"] == progress["epoch"] * 1500 + progress["position"] > 0
+
+
+def test_which_changes_can_be_made_in_place():
+    assert in_place_reason("cpu", [3, 4], [0]) is None  # CPU slots are interchangeable
+    assert in_place_reason("gpu", [2, 3], [2, 5]) is None  # rank 0 keeps its GPU
+    assert "rank 0's GPU 2" in in_place_reason("gpu", [2, 3], [3])
