@@ -243,7 +243,8 @@ def _start_all(req: LaunchRequest, port: int, stop_file: Path) -> tuple[list[sub
 
     return procs, Resizer(job=req.spec.name, job_dir=Path(req.state_dir), generation=req.allocation.generation,
                           device="gpu" if req.allocation.gpus else "cpu", slots=req.allocation.slot_ids, procs=procs,
-                          resize_dir=resize_dir, start=start, batch_and_lr=rule, free_port=_free_port,
+                          resize_dir=resize_dir, stop_file=stop_file, start=start, batch_and_lr=rule,
+                          free_port=_free_port,
                           timeout_s=req.resize_timeout_s)
 
 
@@ -306,6 +307,9 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             next_relay = time.monotonic() + 1.0
         if resizer is not None and not deadline:
             resizer.poll()  # may replace the ranks in ``procs`` (a change committed, or its fallback)
+            if resizer.busy:  # it watches the ranks meanwhile: their exits are the change's
+                time.sleep(0.05)
+                continue
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             if all(c == 0 for c in codes) or killed_clean:

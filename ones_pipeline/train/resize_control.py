@@ -11,7 +11,9 @@ them (``Resizer``), as the ONES prototype does (Bian et al., SC'21):
    ``ready-<k>-<rank>`` in the launcher's resize directory (``k``: the membership change, counted from 1).
 2. **Plan.** Once all are ready, the launcher writes ``plan-<k>.json``: the new world size, a fresh port
    (a fresh TCPStore per membership: a store is never reused across groups), the new rank of every old member
-   (``null``: it leaves), the global batch and LR (the request's, else the core rule's, ``batch_and_lr``).
+   (``null``: it leaves), the global batch and LR (the request's, else the core rule's, ``batch_and_lr``). The
+   old members take it up on ``go-<k>``: written with a shrink's plan, and by the newcomer that hosts a grow's
+   store once it listens (``membership.init_group``).
 3. **Change** (``train.membership``, in the ranks). Rank 0 sees the plan at a step boundary that does not end
    an epoch and the ranks agree on it in the all-reduce that ends every step. Rank 0 writes a checkpoint; the
    old group meets in a barrier and is destroyed; leavers exit 0; survivors and newcomers form the new group
@@ -19,9 +21,10 @@ them (``Resizer``), as the ONES prototype does (Bian et al., SC'21):
    LR warm-up), batch tuner, noise-scale averages and RNG; DDP, re-initialised on the new group, broadcasts
    the model. The new rank 0 writes ``done-<k>`` and a ``resized`` progress event, and training goes on.
 4. **Fallback.** A member that dies or a change that outlasts ``resize_timeout_s`` (warm-up included): the
-   launcher kills every rank and starts the new slot set from the last checkpoint (the one rank 0 wrote at
-   the change's step boundary when it got that far: nothing is lost beyond it) and writes a
-   ``resize_fallback`` progress event saying why.
+   launcher starts the new slot set from a checkpoint and writes a ``resize_fallback`` progress event saying
+   why. Before the members paused they are healthy: they stop with a checkpoint through the launcher's stop
+   file, as on a preemption. After (rank 0 has written ``began-<k>`` with its checkpoint at the change's step
+   boundary), they are killed and that checkpoint is the one the new ranks start from. Nothing is lost.
 
 Slots are interchangeable CPU processes: on CPU the first ranks survive a shrink whichever slot ids the
 request names (rank 0, which holds the MLflow run, always survives). A GPU rank is bound to its GPU: only
@@ -106,11 +109,11 @@ class Resizer:
     the resizer replaces its contents when a change commits or falls back. ``poll()`` each supervision tick."""
 
     def __init__(self, *, job: str, job_dir: Path, generation: int, device: str, slots: Sequence[int],
-                 procs: list[subprocess.Popen], resize_dir: Path, start: StartRank,
+                 procs: list[subprocess.Popen], resize_dir: Path, stop_file: Path, start: StartRank,
                  batch_and_lr: Callable[[int], tuple[int, float]], free_port: Callable[[], int], timeout_s: float):
         self.job, self.job_dir, self.generation, self.device = job, Path(job_dir), generation, device
         self.members = [Member(s, p) for s, p in zip(slots, procs, strict=True)]
-        self.procs, self.dir, self.start = procs, resize_dir, start
+        self.procs, self.dir, self.stop_file, self.start = procs, resize_dir, stop_file, start
         self.batch_and_lr, self.free_port, self.timeout_s = batch_and_lr, free_port, timeout_s
         self.dir.mkdir(parents=True, exist_ok=True)
         self.request_file = resize_request_file(job_dir, generation)
@@ -118,16 +121,18 @@ class Resizer:
         self._seen: str | None = None  # the last request id taken up
         self._change: dict | None = None  # the change in progress
         self._leavers: list[tuple[subprocess.Popen, float]] = []
-        self.history: list[dict] = []  # one row per change: kind, path (in place / checkpoint), seconds
 
     @property
     def busy(self) -> bool:
+        """A change is under way: the resizer, not the launcher, watches the ranks (their exits are its)."""
         return self._change is not None
 
     def poll(self) -> None:
         self._reap_leavers()
         if self._change is None:
             self._take_request()
+        elif "stopping" in self._change:
+            self._check_stopping()
         elif "plan" not in self._change:
             self._check_warmup()
         else:
@@ -166,7 +171,6 @@ class Resizer:
             log.warning("job %s: resize %d -> %d slots cannot be made in place (%s): not carried out; stop the "
                         "generation with a checkpoint and start the new slot set instead", self.job, len(old_slots),
                         len(new_slots), why)
-            self.history.append({"kind": _kind(len(old_slots), len(new_slots)), "path": "refused", "reason": why})
             return
         if self.device == "cpu":  # interchangeable: the first ranks stay, relabelled with the slots kept
             keep = list(range(min(len(old_slots), len(new_slots))))
@@ -189,9 +193,9 @@ class Resizer:
         ch = self._change
         dead = [p.returncode for p in ch["newcomers"] if p.poll() is not None]
         if dead:
-            return self._fall_back(f"a new process exited with {dead[0]} while warming up", checkpoint_written=False)
+            return self._fall_back(f"a new process exited with {dead[0]} while warming up")
         if time.monotonic() - ch["t0"] > self.timeout_s:
-            return self._fall_back(f"new processes not ready within {self.timeout_s:.0f} s", checkpoint_written=False)
+            return self._fall_back(f"new processes not ready within {self.timeout_s:.0f} s")
         ready = all((self.dir / f"ready-{ch['k']}-{len(ch['keep']) + i}").exists() for i in range(len(ch["newcomers"])))
         if ready:
             ch["plan"] = {"id": ch["k"], "world_size": len(ch["slots"]), "port": ch["port"], "ranks": ch["ranks"],
@@ -199,6 +203,8 @@ class Resizer:
             tmp = self.dir / f".plan-{ch['k']}.tmp"
             tmp.write_text(json.dumps(ch["plan"]))
             os.replace(tmp, self.dir / f"plan-{ch['k']}.json")
+            if not ch["newcomers"]:  # a grow's: its store's host, a newcomer, says go once it listens
+                (self.dir / f"go-{ch['k']}").touch()
             ch["t_plan"] = time.monotonic()
 
     def _check_change(self) -> None:
@@ -212,38 +218,56 @@ class Resizer:
             log.info("job %s: the generation ended before the change: resize not carried out", self.job)
             return self._abandon()
         if failed and not done:
-            return self._fall_back(f"a member exited with {failed[0]} during the change", checkpoint_written=True)
+            return self._fall_back(f"a member exited with {failed[0]} during the change")
         if not done:
             if time.monotonic() - ch["t_plan"] > self.timeout_s:
-                self._fall_back(f"the change did not complete within {self.timeout_s:.0f} s", checkpoint_written=True)
+                self._fall_back(f"the change did not complete within {self.timeout_s:.0f} s")
             return
         took = time.monotonic() - ch["t0"]
         self._leavers += [(p, time.monotonic()) for p in leaving]
         self.members = [Member(s, p) for s, p in zip(ch["slots"], members, strict=True)]
         self.procs[:] = members
-        self.history.append({"kind": _kind(ch["old"], len(members)), "path": "in place", "took_s": took})
         log.info("job %s: %s %d -> %d slots in place in %.1f s (request to re-formed group)", self.job,
                  "grew" if len(members) > ch["old"] else "shrank", ch["old"], len(members), took)
         self._change = None
 
-    def _fall_back(self, why: str, checkpoint_written: bool) -> None:
-        """Kill every rank (and newcomer) and start the requested slot set from the last checkpoint."""
+    def _fall_back(self, why: str) -> None:
+        """The checkpoint path for the requested slot set. Before the members paused (no ``began-<k>``): they
+        are healthy, so they stop with a checkpoint as on a preemption (the stop file), and nothing is lost.
+        After: the change broke them; they are killed, and rank 0's checkpoint at the change's step boundary
+        is the one the new ranks start from."""
         ch = self._change
-        for p in [*self.procs, *ch["newcomers"]]:
-            if p.poll() is None:
-                p.kill()
-        for p in [*self.procs, *ch["newcomers"]]:
-            p.wait()
+        ch["why"] = why
+        _kill(ch["newcomers"])
+        old = [m.proc for m in self.members]
+        if (self.dir / f"began-{ch['k']}").exists() or any(p.poll() is not None for p in old):
+            _kill(old)
+            return self._restart("the checkpoint written as the change began")
+        log.warning("job %s: in-place resize %d -> %d slots failed before the members paused (%s): stopping them "
+                    "with a checkpoint", self.job, ch["old"], len(ch["slots"]), why)
+        ch["stopping"] = time.monotonic()
+        self.stop_file.touch()
+
+    def _check_stopping(self) -> None:
+        ch = self._change
+        old = [m.proc for m in self.members]
+        if any(p.poll() is None for p in old) and time.monotonic() - ch["stopping"] < self.timeout_s:
+            return
+        _kill(old)
+        self.stop_file.unlink(missing_ok=True)
+        self._restart("the checkpoint written as they stopped")
+
+    def _restart(self, where: str) -> None:
+        """Start the requested slot set from the last checkpoint, in this generation."""
+        ch = self._change
         slots, port = ch["slots"], self.free_port()
         procs = [self.start(r, len(slots), s, port, ch["k"], False, ch["batch"], ch["lr"]) for r, s in enumerate(slots)]
         self.members = [Member(s, p) for s, p in zip(slots, procs, strict=True)]
         self.procs[:] = procs
-        where = "the checkpoint written at the change" if checkpoint_written else "the last checkpoint"
         log.warning("job %s: in-place resize %d -> %d slots failed (%s): restarted from %s", self.job, ch["old"],
-                    len(slots), why, where)
-        self.history.append({"kind": _kind(ch["old"], len(slots)), "path": "checkpoint", "reason": why})
+                    len(slots), ch["why"], where)
         with open(self.job_dir / PROGRESS_FILE, "a") as fh:
-            fh.write(json.dumps({"event": "resize_fallback", "from": ch["old"], "to": len(slots), "reason": why,
+            fh.write(json.dumps({"event": "resize_fallback", "from": ch["old"], "to": len(slots), "reason": ch["why"],
                                  "generation": self.generation, "time_s": time.time()}) + "\n")
         self._change = None
 
@@ -257,5 +281,9 @@ class Resizer:
                 self._leavers.remove((p, since))
 
 
-def _kind(old: int, new: int) -> str:
-    return "grow" if new > old else "shrink" if new < old else "move"
+def _kill(procs: Sequence[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
