@@ -63,8 +63,6 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
-# Seconds a rank waits in a collective for its peers before failing (a peer was killed).
-COLLECTIVE_TIMEOUT_S = 120
 
 
 @dataclass
@@ -138,7 +136,7 @@ class TrainingSession:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
         if membership.wants_group(self.p):
-            membership.init_group(self.p, COLLECTIVE_TIMEOUT_S)
+            membership.init_group(self.p)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -139,8 +139,7 @@ def _start_rank(req: LaunchRequest, stop_file: Path, resize_dir: Path | None, ra
         experiment=req.experiment, master_addr=req.master_addr or "127.0.0.1", master_port=port,
         device=req.device or ("cuda" if alloc.gpus else "cpu"), gpus=alloc.gpus, seed=req.seed,
         stop_file=stop_file, launcher_pid=os.getpid(), dagster_run_id=req.dagster_run_id,
-        num_nodes=req.num_nodes, resize_dir=resize_dir, membership=membership, joining=joining,
-        resize_timeout_s=req.resize_timeout_s)
+        num_nodes=req.num_nodes, resize_dir=resize_dir, membership=membership, joining=joining)
     env = dict(os.environ)
     env.update(placement.to_env(spec_to_json(req.spec)))
     if alloc.gpus and not req.in_container:

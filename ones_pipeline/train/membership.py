@@ -12,7 +12,7 @@ The launcher's side and the protocol are in ``resize_control``. Here, for one ``
   other ranks in the all-reduce that ends every step, so all ranks change at the same boundary.
 * ``change``: a member of the running group. Rank 0 writes a checkpoint (the fallback's starting point:
   nothing is lost beyond it); a barrier on the old group, then it is destroyed (before any re-init); leavers
-  stop there; survivors form the new group on the plan's fresh port (its own TCPStore), with a timeout, and
+  stop there; survivors form the new group on the plan's fresh port (its own TCPStore), and
   take the plan's batch and LR (a larger LR warms up as after any batch change). With newcomers, rank 0
   broadcasts optimizer, progress, batch tuner, noise-scale averages and RNG, and DDP's re-initialisation
   broadcasts the model's parameters and buffers.
@@ -46,15 +46,18 @@ TrainingSession = Any
 
 log = logging.getLogger("ones_pipeline.train")
 PLAN_POLL_S = 0.02
+# Seconds a rank waits in a collective (and in a group's rendezvous) for its peers before failing (a peer was
+# killed). A membership change is bounded by its launcher's ``resize_timeout_s`` instead: it kills the ranks.
+COLLECTIVE_TIMEOUT_S = 120
 
 
-def init_group(p: Placement, timeout_s: float, store_rank: int = 0) -> None:
+def init_group(p: Placement, store_rank: int = 0) -> None:
     """The group of ``p``, its rendezvous a TCPStore on the placement's port hosted by rank ``store_rank``. A
     grow hosts it in a newcomer, which is waiting already, and the old members take the plan up only once it
     listens (``go-<k>``): a client that finds no store retries after a back-off, and with rank 0 as the host
     the newcomer's first attempts failed, which cost 0.4-0.75 s of most grows."""
     backend = "nccl" if p.device == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=timeout_s)  # bounded: if a peer dies (kill -9), the others fail
+    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if store_rank == 0:
         dist.init_process_group(backend, init_method=f"tcp://{p.master_addr}:{p.master_port}", rank=p.rank,
                                 world_size=p.world_size, timeout=timeout)
@@ -118,7 +121,7 @@ def change(s: TrainingSession, k: int) -> None:
         s.stopped = s.left = True
         return
     s.p = _placed(s.p, plan, int(new_rank))
-    init_group(s.p, float(plan["timeout_s"]), _store_rank(plan))
+    init_group(s.p, _store_rank(plan))
     s._use_batch(s.p.global_batch, s.p.lr)
     s._set_lr()
     _exchange(s, plan)
@@ -149,7 +152,7 @@ def join(s: TrainingSession) -> bool:
         time.sleep(PLAN_POLL_S)
     plan = _plan(p, p.membership)
     s.p = _placed(p, plan, p.rank)
-    init_group(s.p, float(plan["timeout_s"]), _store_rank(plan))
+    init_group(s.p, _store_rank(plan))
     _exchange(s, plan)
     return True
 

@@ -70,12 +70,11 @@ class Placement:
     noise_scale_budget: float = DEFAULT_BUDGET  # the GNS probe's share of the step time (ONES_GNS_BUDGET); 0: off
     tune_batch: bool = False  # the job re-tunes its own global batch in-process (``batch_tuning``)
     # In-place resizing (``resize_control``, ``membership``): the launcher's plans for this process (None: the
-    # launcher cannot resize in place), the membership change this process belongs to (0: the first), whether
-    # it joins a running group (it waits for plan ``membership``), and how long a change may take.
+    # launcher cannot resize in place), the membership change this process belongs to (0: the first), and
+    # whether it joins a running group (it waits for plan ``membership``).
     resize_dir: Path | None = None
     membership: int = 0
     joining: bool = False
-    resize_timeout_s: float = 60.0
 
     ENV_PREFIX = "ONES_"
 
@@ -94,7 +93,7 @@ class Placement:
             "ONES_LAUNCHER_PID": str(self.launcher_pid or ""), "ONES_DAGSTER_RUN_ID": self.dagster_run_id or "",
             "ONES_TUNE_BATCH": "1" if self.tune_batch else "0", **budget_to_env(self.noise_scale_budget),
             "ONES_RESIZE_DIR": str(self.resize_dir or ""), "ONES_MEMBERSHIP": str(self.membership),
-            "ONES_JOINING": "1" if self.joining else "0", "ONES_RESIZE_TIMEOUT_S": repr(self.resize_timeout_s),
+            "ONES_JOINING": "1" if self.joining else "0",
         }
 
     @classmethod
@@ -120,5 +119,4 @@ class Placement:
             tune_batch=env.get("ONES_TUNE_BATCH", "0") == "1",
             resize_dir=Path(env["ONES_RESIZE_DIR"]) if env.get("ONES_RESIZE_DIR") else None,
             membership=int(env.get("ONES_MEMBERSHIP") or 0), joining=env.get("ONES_JOINING", "0") == "1",
-            resize_timeout_s=float(env.get("ONES_RESIZE_TIMEOUT_S") or 60.0),
         )

@@ -16,8 +16,8 @@ them (``Resizer``), as the ONES prototype does (Bian et al., SC'21):
    store once it listens (``membership.init_group``).
 3. **Change** (``train.membership``, in the ranks). Rank 0 sees the plan at a step boundary that does not end
    an epoch and the ranks agree on it in the all-reduce that ends every step. Rank 0 writes a checkpoint; the
-   old group meets in a barrier and is destroyed; leavers exit 0; survivors and newcomers form the new group
-   (bounded by ``resize_timeout_s``); rank 0 broadcasts optimizer, progress (sampler position, sample count,
+   old group meets in a barrier and is destroyed; leavers exit 0; survivors and newcomers form the new group;
+   rank 0 broadcasts optimizer, progress (sampler position, sample count,
    LR warm-up), batch tuner, noise-scale averages and RNG; DDP, re-initialised on the new group, broadcasts
    the model. The new rank 0 writes ``done-<k>`` and a ``resized`` progress event, and training goes on.
 4. **Fallback.** A member that dies or a change that outlasts ``resize_timeout_s`` (warm-up included): the
@@ -199,7 +199,7 @@ class Resizer:
         ready = all((self.dir / f"ready-{ch['k']}-{len(ch['keep']) + i}").exists() for i in range(len(ch["newcomers"])))
         if ready:
             ch["plan"] = {"id": ch["k"], "world_size": len(ch["slots"]), "port": ch["port"], "ranks": ch["ranks"],
-                          "global_batch": ch["batch"], "lr": ch["lr"], "timeout_s": self.timeout_s}
+                          "global_batch": ch["batch"], "lr": ch["lr"]}
             tmp = self.dir / f".plan-{ch['k']}.tmp"
             tmp.write_text(json.dumps(ch["plan"]))
             os.replace(tmp, self.dir / f"plan-{ch['k']}.json")
