@@ -307,6 +307,8 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
         if resizer is not None and not deadline:
             resizer.poll()  # may replace the ranks in ``procs`` (a change committed, or its fallback)
             if resizer.busy:  # it watches the ranks meanwhile: their exits are the change's
+                if orphaned():
+                    on_signal(signal.SIGTERM, None)
                 time.sleep(0.05)
                 continue
         codes = [p.poll() for p in procs]

@@ -191,9 +191,14 @@ class Resizer:
 
     def _check_warmup(self) -> None:
         ch = self._change
+        if self._ended():
+            return
         dead = [p.returncode for p in ch["newcomers"] if p.poll() is not None]
         if dead:
             return self._fall_back(f"a new process exited with {dead[0]} while warming up")
+        crashed = [m.proc.returncode for m in self.members if m.proc.poll() not in (None, 0)]
+        if crashed:
+            return self._fall_back(f"a member exited with {crashed[0]} while the new processes warmed up")
         if time.monotonic() - ch["t0"] > self.timeout_s:
             return self._fall_back(f"new processes not ready within {self.timeout_s:.0f} s")
         ready = all((self.dir / f"ready-{ch['k']}-{len(ch['keep']) + i}").exists() for i in range(len(ch["newcomers"])))
@@ -214,9 +219,8 @@ class Resizer:
         failed = [p.returncode for p in members if p.poll() is not None] + \
                  [p.returncode for p in leaving if p.poll() not in (None, 0)]
         done = (self.dir / f"done-{ch['k']}").exists()
-        if not done and all(m.proc.poll() == 0 for m in self.members):  # finished before it took the plan up
-            log.info("job %s: the generation ended before the change: resize not carried out", self.job)
-            return self._abandon()
+        if not done and self._ended():
+            return
         if failed and not done:
             return self._fall_back(f"a member exited with {failed[0]} during the change")
         if not done:
@@ -231,6 +235,14 @@ class Resizer:
                  "grew" if len(members) > ch["old"] else "shrank", ch["old"], len(members), took)
         self._change = None
 
+    def _ended(self) -> bool:
+        """The old members all exited cleanly before the change (the job finished): drop it."""
+        if not all(m.proc.poll() == 0 for m in self.members):
+            return False
+        log.info("job %s: the generation ended before the change: resize not carried out", self.job)
+        self._abandon()
+        return True
+
     def _fall_back(self, why: str) -> None:
         """The checkpoint path for the requested slot set. Before the members paused (no ``began-<k>``): they
         are healthy, so they stop with a checkpoint as on a preemption (the stop file), and nothing is lost.
@@ -240,9 +252,10 @@ class Resizer:
         ch["why"] = why
         _kill(ch["newcomers"])
         old = [m.proc for m in self.members]
-        if (self.dir / f"began-{ch['k']}").exists() or any(p.poll() is not None for p in old):
+        began = (self.dir / f"began-{ch['k']}").exists()
+        if began or any(p.poll() is not None for p in old):
             _kill(old)
-            return self._restart("the checkpoint written as the change began")
+            return self._restart("the checkpoint written as the change began" if began else "the last checkpoint")
         log.warning("job %s: in-place resize %d -> %d slots failed before the members paused (%s): stopping them "
                     "with a checkpoint", self.job, ch["old"], len(ch["slots"]), why)
         ch["stopping"] = time.monotonic()
