@@ -32,6 +32,7 @@ from ones_pipeline.train import exit_without_final_gc
 from ones_pipeline.train.catalogue import resolve_workload, train_size
 from ones_pipeline.train.launcher import LaunchError, LaunchRequest, launch
 from ones_pipeline.train.placement import spec_from_json
+from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S
 from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, RANK_FILE, STEP_DIR_ENV, env_int, rank_record
 
 
@@ -61,6 +62,9 @@ def build_parser(state_dir_required: bool = True) -> argparse.ArgumentParser:
     run.add_argument("--experiment", default="ones")
     run.add_argument("--grace-period", type=float, default=20.0, help="seconds to checkpoint after a stop")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--resize-timeout", type=float, default=DEFAULT_RESIZE_TIMEOUT_S,
+                     help="seconds an in-place resize may take (new processes' warm-up, then the change) before "
+                          "the launcher restarts the new slot set from the checkpoint")
     run.add_argument("--slurm-request", type=Path, default=None,
                      help="one Slurm task of a multi-node step: the request file the Slurm launcher wrote")
     return p
@@ -127,7 +131,8 @@ def request_from(args: argparse.Namespace, extras: Mapping[str, Any] | None = No
         allocation=allocation, state_dir=Path(state_dir), tracking_uri=extras.get("tracking_uri", args.tracking_uri),
         experiment=extras.get("experiment", args.experiment),
         grace_period_s=float(extras.get("grace_period_s", args.grace_period)),
-        seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)))
+        seed=int(extras.get("seed", args.seed)), in_container=bool(extras.get("in_container", args.in_container)),
+        resize_timeout_s=float(args.resize_timeout))
 
 
 def _slots(req: LaunchRequest, processes: Any) -> str:
@@ -177,6 +182,15 @@ def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
         samples = int(row.get("samples") or 0)
         return (f"{req.spec.name} generation {row.get('generation')}: training on {_slots(req, None)} from "
                 f"{samples} samples (epoch {_epoch(req, round(samples / max(req.spec.dataset_size, 1), 2))})")
+    if row.get("event") == "resized":  # rank 0 after an in-place change (train.membership)
+        old, new = int(row.get("from") or 0), int(row.get("to") or 0)
+        verb = "grew" if new > old else "shrank" if new < old else "re-formed"
+        return (f"{req.spec.name} generation {row.get('generation')}: {verb} {old} -> {new} "
+                f"{_slots(req, new).split(' ', 1)[1]} in place at {int(row.get('samples') or 0)} samples, "
+                f"{float(row.get('paused_s') or 0):.1f} s without training; global batch {row.get('global_batch')}")
+    if row.get("event") == "resize_fallback":  # the launcher: the in-place change failed (train.resize_control)
+        return (f"{req.spec.name} generation {row.get('generation')}: in-place resize {row.get('from')} -> "
+                f"{row.get('to')} failed ({row.get('reason')}): restarted from the checkpoint")
     if row.get("event") == "stopped" and row.get("before_training"):  # the launcher stopped it while starting
         return (f"{req.spec.name} generation {row.get('generation')}: stopped while starting up, before it "
                 "trained (its last checkpoint stands)")

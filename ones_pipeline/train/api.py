@@ -22,16 +22,15 @@ script that takes its steps from ``steps()`` instead (``for step in session.step
 step: ...backward; step(); step_done``) trains a per-GPU batch above ``max_per_gpu_batch`` by gradient accumulation
 (``micro_batches``); on ``batches()`` it never accumulates, and the batch tuner keeps the per-GPU batch within
 ``max_per_gpu_batch``.
-The session counts progress in samples, so a restart with another number of processes or another global batch
-continues the same epoch. A stop request (SIGTERM/SIGINT/SIGUSR1 to the process, the launcher's stop file, or the
-launcher's disappearance) is agreed on by all ranks at the next step boundary (at an epoch's end, after
-``end_epoch`` has recorded its evaluation): rank 0 writes a checkpoint and ends the MLflow run as KILLED;
-``batches()`` then ends and ``stopped`` is True.
+The session counts progress in samples, so a restart or an in-place resize (``membership``: the same script, the
+same model object) with another number of processes or global batch continues the same epoch. A stop request
+(SIGTERM/SIGINT/SIGUSR1 to the process, the launcher's stop file, or the launcher's disappearance) is agreed on by
+all ranks at the next step boundary (at an epoch's end, after ``end_epoch`` has recorded its evaluation): rank 0
+writes a checkpoint and ends the MLflow run as KILLED; ``batches()`` then ends and ``stopped`` is True.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ import torch.distributed as dist
 from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
 from ones_pipeline.core.types import StopKind, lr_for_batch
+from ones_pipeline.train import membership
 from ones_pipeline.train.batch_tuning import BatchChange, BatchTuner, as_observation
 from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from ones_pipeline.train.micro_batches import Step
@@ -63,8 +63,6 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
-# Seconds a rank waits in a collective for its peers before failing (a peer was killed).
-COLLECTIVE_TIMEOUT_S = 120
 
 
 @dataclass
@@ -95,7 +93,7 @@ class TrainingSession:
         self.checkpoint_interval_s = checkpoint_interval_s
         self.order = EpochOrder(self.dataset_size, seed=placement.seed)
         self.progress = Progress()
-        self.stopped = False
+        self.stopped = self.left = False  # left: this process left the group in an in-place shrink
         self.finished = False
         self.epoch_ended = False
         self._stop_requested = False
@@ -137,12 +135,8 @@ class TrainingSession:
     def __enter__(self) -> TrainingSession:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             self._prev_handlers[sig] = signal.signal(sig, self._on_signal)
-        if self.p.world_size > 1:
-            backend = "nccl" if self.p.device == "cuda" else "gloo"
-            # A bounded timeout: if a peer dies (kill -9), the others fail instead of waiting forever.
-            dist.init_process_group(backend, init_method=f"tcp://{self.p.master_addr}:{self.p.master_port}",
-                                    rank=self.p.rank, world_size=self.p.world_size,
-                                    timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        if membership.wants_group(self.p):
+            membership.init_group(self.p)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -166,8 +160,12 @@ class TrainingSession:
     # -- setup --------------------------------------------------------------------------------------
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: Mapping[str, Any] | None = None
                 ) -> torch.nn.Module:
-        """Restore the latest checkpoint (if any), open the job's MLflow run (rank 0), wrap for DDP."""
-        ckpt = load_checkpoint(self.p.state_dir)
+        """Restore the latest checkpoint (if any), open the job's MLflow run (rank 0), wrap for DDP. A process
+        that joins a running group in place (``membership.join``) gets the state from rank 0 instead."""
+        self._optimizer = optimizer
+        ckpt = None if self.p.joining else load_checkpoint(self.p.state_dir)
+        if self.p.joining and not membership.join(self):
+            return model  # stopped before it joined
         if ckpt is not None:
             model.load_state_dict(ckpt["model"])
             optimizer.load_state_dict(ckpt["optimizer"])
@@ -180,16 +178,10 @@ class TrainingSession:
             self._tuner.load_state_dict(ckpt.get("batch_tuning"))
             # Stopped after its last epoch's evaluation: nothing left to train.
             self.finished = self.progress.finished
-        self._use_batch(self.p.global_batch, self.p.lr)
-        self._optimizer = optimizer
+        if not self.p.joining:
+            self._use_batch(self.p.global_batch, self.p.lr)
         self._set_lr()
-        model.to(self.device)
-        if self.p.world_size > 1:
-            model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self._model = model
-        if self.p.world_size > 1:
-            model.register_forward_pre_hook(self._on_forward)
+        self._model = model = membership.wrap(self, model.to(self.device))
         self._gns.attach(model)
         # A generation that finds the job finished trains nothing: its MLflow run is left as it ended.
         if self.is_main and self.p.tracking_uri and not self.finished:
@@ -207,8 +199,7 @@ class TrainingSession:
                                     f"dagster.run_id.g{self.p.generation}": self.p.dagster_run_id})
             from ones_pipeline.train.slurm_ranks import mlflow_device_tags
 
-            slurm_tags = mlflow_device_tags(self.p.generation)  # {} off Slurm
-            if slurm_tags:
+            if slurm_tags := mlflow_device_tags(self.p.generation):  # {} off Slurm
                 self._run.set_tags(slurm_tags)
         return model
 
@@ -348,14 +339,17 @@ class TrainingSession:
         ckpt_due = time.monotonic() - self._last_ckpt > self.checkpoint_interval_s and not self.epoch_ended
         local_gns = self._gns.local_statistic(self._batch_now)  # summed over ranks in the same all-reduce
         retune = self._retune_choice() if self.epoch_ended else 0.0  # rank 0's; the others add 0
-        stop, ckpt_due, sums = self._agree(self._stop_wanted(), ckpt_due, totals=[*local_gns, retune])
-        self._gns.observe(sums[:-1], self._batch_now)
-        self._retune_to = int(round(sums[-1]))
+        plan = membership.next_plan(self.p) if self.is_main and not self.epoch_ended else 0.0  # in-place resize
+        stop, ckpt_due, sums = self._agree(self._stop_wanted(), ckpt_due, totals=[*local_gns, retune, plan])
+        self._gns.observe(sums[:-2], self._batch_now)
+        self._retune_to, plan = int(round(sums[-2])), int(round(sums[-1]))
         if stop and self.epoch_ended:
             # Evaluate the finished epoch first (end_epoch), then stop: a resume must not skip it.
             self._pending_stop = True
         elif stop:
             self._stop("KILLED")
+        elif plan:
+            membership.change(self, plan)
         elif ckpt_due:
             self.checkpoint()
 
@@ -458,14 +452,18 @@ class TrainingSession:
     def checkpoint(self) -> None:
         """Rank 0 writes model, optimizer, progress and RNG state atomically; all ranks wait for it."""
         if self.is_main:
-            model = self._model.module if hasattr(self._model, "module") else self._model
-            save_checkpoint(self.p.state_dir, {
-                "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
-                "progress": asdict(self.progress), "rng": capture_rng_state(),
-                "noise_scale": self._gns.state_dict(), "batch_tuning": self._tuner.state_dict()})
-        if self.p.world_size > 1:
+            self.save()
+        if dist.is_initialized():
             dist.barrier()
         self._last_ckpt = time.monotonic()
+
+    def save(self) -> None:
+        """Rank 0: write the checkpoint now (``checkpoint`` is the ranks' agreed one)."""
+        model = self._model.module if hasattr(self._model, "module") else self._model
+        save_checkpoint(self.p.state_dir, {
+            "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
+            "progress": asdict(self.progress), "rng": capture_rng_state(),
+            "noise_scale": self._gns.state_dict(), "batch_tuning": self._tuner.state_dict()})
 
     def _stop(self, status: str) -> None:
         self._pending_stop = False

@@ -74,7 +74,7 @@ def main() -> int:
                 bare = model.module if hasattr(model, "module") else model
                 acc, test_loss = evaluate(bare, x_test, y_test, device) if session.is_main else (0.0, 0.0)
                 acc_t = torch.tensor([acc, test_loss], device=device)  # NCCL broadcasts GPU tensors
-                if placement.world_size > 1:  # every rank applies the stopping rule to the same numbers
+                if session.p.world_size > 1:  # every rank applies the stopping rule to the same numbers
                     torch.distributed.broadcast(acc_t, src=0)
                 session.end_epoch(accuracy=float(acc_t[0]), loss=float(acc_t[1]))
     return 0

@@ -18,6 +18,9 @@ red failure). Every Slurm task's launcher sees the same file on the shared files
 decides that a generation had not trained yet and kills its rank at once, and the other tasks follow its
 "stopped" event. Rank 0 is the one whose exit counts: once it has ended cleanly, a peer that fails as the
 group breaks up (a collective whose rank 0 left) does not fail the launcher.
+A launcher that holds all its ranks (not a Slurm task) also changes them in place on request
+(``resize-g<generation>.json``, ``resize_control.request_resize``): new ranks warm up while the old ones train,
+the group re-forms at a step boundary, and a change that fails restarts the new slot set from the checkpoint.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_request_file
-from ones_pipeline.core.types import JobSpec
+from ones_pipeline.core.types import JobSpec, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.placement import Placement, spec_to_json
+from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, Resizer
 from ones_pipeline.train.slurm_ranks import read_leader_exit
 from ones_pipeline.train.state_dir import check_state_dir
 
@@ -71,6 +75,13 @@ class LaunchRequest:
     # A Slurm task of a rank other than 0: the file rank 0's task writes when it ends (its exit code). Once
     # it says 0, this rank has ``grace_period_s`` to exit, as peers of rank 0 have on one machine.
     leader_exit_file: Path | None = None
+    resize_timeout_s: float = DEFAULT_RESIZE_TIMEOUT_S  # an in-place resize's warm-up, and its change, at most
+
+    @property
+    def resizes_in_place(self) -> bool:
+        """One launcher holds every rank, each on its own device (not a Slurm task, not GPUs renumbered in a
+        container, where a rank's device follows its rank): it can change its ranks in place."""
+        return self.ranks is None and not (self.in_container and self.allocation.gpus)
 
     @property
     def spec(self) -> JobSpec:
@@ -112,29 +123,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_ranks(req: LaunchRequest, port: int, stop_file: Path) -> list[subprocess.Popen]:
-    """One process per slot, each in its own session, with its placement in ``ONES_*`` variables."""
+def _start_rank(req: LaunchRequest, stop_file: Path, resize_dir: Path | None, rank: int, world_size: int, slot: int,
+                port: int, membership: int = 0, joining: bool = False, global_batch: int | None = None,
+                lr: float | None = None) -> subprocess.Popen:
+    """One rank's process, in its own session, with its placement in ``ONES_*`` variables; ``slot``: its GPU
+    where the allocation has GPUs. The rest: an in-place resize's (``resize_control``)."""
     alloc = req.allocation
     command = list(req.spec.command) if req.spec.command else [sys.executable, "-m", "ones_pipeline.train.builtin"]
     if command[0] in ("python", "python3"):  # the launcher's own interpreter (and its packages)
         command[0] = sys.executable
-    procs: list[subprocess.Popen] = []
-    spec_json = spec_to_json(req.spec)  # once for every rank
-    for rank in req.ranks if req.ranks is not None else range(req.world_size):
-        placement = Placement(
-            spec=req.spec, rank=rank, world_size=req.world_size, global_batch=alloc.global_batch, lr=alloc.lr,
-            generation=alloc.generation, tune_batch=alloc.tune_batch, state_dir=Path(req.state_dir),
-            tracking_uri=req.tracking_uri,
-            experiment=req.experiment, master_addr=req.master_addr or "127.0.0.1", master_port=port,
-            device=req.device or ("cuda" if alloc.gpus else "cpu"), gpus=alloc.gpus, seed=req.seed,
-            stop_file=stop_file, launcher_pid=os.getpid(), dagster_run_id=req.dagster_run_id,
-            num_nodes=req.num_nodes)
-        env = dict(os.environ)
-        env.update(placement.to_env(spec_json))
-        if alloc.gpus and not req.in_container:
-            env["CUDA_VISIBLE_DEVICES"] = str(alloc.gpus[rank])
-        env.setdefault("OMP_NUM_THREADS", "1")
-        procs.append(subprocess.Popen(command, env=env, start_new_session=True))
+    placement = Placement(
+        spec=req.spec, rank=rank, world_size=world_size, global_batch=global_batch or alloc.global_batch,
+        lr=alloc.lr if lr is None else lr, generation=alloc.generation, tune_batch=alloc.tune_batch,
+        state_dir=Path(req.state_dir), tracking_uri=req.tracking_uri,
+        experiment=req.experiment, master_addr=req.master_addr or "127.0.0.1", master_port=port,
+        device=req.device or ("cuda" if alloc.gpus else "cpu"), gpus=alloc.gpus, seed=req.seed,
+        stop_file=stop_file, launcher_pid=os.getpid(), dagster_run_id=req.dagster_run_id,
+        num_nodes=req.num_nodes, resize_dir=resize_dir, membership=membership, joining=joining)
+    env = dict(os.environ)
+    env.update(placement.to_env(spec_to_json(req.spec)))
+    if alloc.gpus and not req.in_container:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.Popen(command, env=env, start_new_session=True)
+
+
+def _start_ranks(req: LaunchRequest, port: int, stop_file: Path, resize_dir: Path | None) -> list[subprocess.Popen]:
+    """One process per slot of the allocation (of this Slurm task's ranks)."""
+    alloc = req.allocation
+    procs = [_start_rank(req, stop_file, resize_dir, rank, req.world_size, alloc.slot_ids[rank], port)
+             for rank in (req.ranks if req.ranks is not None else range(req.world_size))]
     log.info("job %s generation %d: %d process(es), global batch %d, lr %.4g", req.spec.name, alloc.generation,
              req.world_size, alloc.global_batch, alloc.lr)
     return procs
@@ -160,7 +178,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     parent = os.getppid()
     trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
     killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
-    procs = _start_ranks(req, port, stop_file)
+    procs, resizer = _start_all(req, port, stop_file)
     deadline: list[float] = []
 
     def on_signal(signum, frame):
@@ -199,12 +217,34 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
         # Under Pipes (a Dagster run id), the process that started us is the run's step.
         return _supervise(req, procs, deadline, on_signal, relay,
                           orphaned=lambda: req.dagster_run_id is not None and os.getppid() != parent,
-                          killed_clean=killed_clean)
+                          killed_clean=killed_clean, resizer=resizer)
     finally:
+        if resizer is not None:
+            resizer.close()
         relay(final=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         stop_file.unlink(missing_ok=True)
+
+
+def _start_all(req: LaunchRequest, port: int, stop_file: Path) -> tuple[list[subprocess.Popen], Resizer | None]:
+    """The ranks, and what makes this launcher's in-place resizes (``resize_control``) where it can."""
+    if not req.resizes_in_place:
+        return _start_ranks(req, port, stop_file, None), None
+    resize_dir = Path(req.state_dir) / f".resize-{os.getpid()}-{port}"
+    procs = _start_ranks(req, port, stop_file, resize_dir)
+
+    def start(rank, world_size, slot, port, membership, joining, batch, lr):
+        return _start_rank(req, stop_file, resize_dir, rank, world_size, slot, port, membership, joining, batch, lr)
+
+    def rule(n: int) -> tuple[int, float]:
+        return batch_and_lr(req.spec, n)
+
+    return procs, Resizer(job=req.spec.name, job_dir=Path(req.state_dir), generation=req.allocation.generation,
+                          device="gpu" if req.allocation.gpus else "cpu", slots=req.allocation.slot_ids, procs=procs,
+                          resize_dir=resize_dir, stop_file=stop_file, start=start, batch_and_lr=rule,
+                          free_port=_free_port,
+                          timeout_s=req.resize_timeout_s)
 
 
 def _stop_before_training(req: LaunchRequest, procs: list[subprocess.Popen]) -> None:
@@ -231,15 +271,16 @@ def _preempt_reason(path: Path) -> str:
         return "no reason given"
 
 
-def _ranks(req: LaunchRequest) -> list[int]:
-    return list(req.ranks) if req.ranks is not None else list(range(req.world_size))
+def _ranks(req: LaunchRequest, n: int | None = None) -> list[int]:
+    """This launcher's ranks; ``n``: how many it runs now (an in-place resize changes it)."""
+    return list(req.ranks) if req.ranks is not None else list(range(req.world_size if n is None else n))
 
 
 def _leader_verdict(req: LaunchRequest, codes: Sequence[int | None], wait_s: float) -> bool:
     """Whether rank 0 ended cleanly: its exit code where this launcher ran it; else (a Slurm task of other
     ranks) what rank 0's task wrote in ``leader_exit_file``, waited for up to ``wait_s``: rank 0's task
     ends after its rank, and a peer of a rank that left fails at once."""
-    ranks = _ranks(req)
+    ranks = _ranks(req, len(codes))
     if 0 in ranks:
         return codes[ranks.index(0)] == 0
     if req.leader_exit_file is None:
@@ -252,7 +293,7 @@ def _leader_verdict(req: LaunchRequest, codes: Sequence[int | None], wait_s: flo
 
 def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list[float], on_signal,
                relay: Callable[[], None], orphaned: Callable[[], bool] = lambda: False,
-               killed_clean: Sequence[bool] = ()) -> int:
+               killed_clean: Sequence[bool] = (), resizer: Resizer | None = None) -> int:
     """Poll the ranks until all exit: 0 when all did cleanly, or when rank 0 did (a peer failing as the
     group breaks up loses nothing: rank 0's checkpoint is final). A failed rank stops the others, and so
     does ``orphaned()`` turning true; ranks still running ``grace_period_s`` after the stop request, or
@@ -263,6 +304,13 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
         if time.monotonic() >= next_relay:
             relay()
             next_relay = time.monotonic() + 1.0
+        if resizer is not None and not deadline:
+            resizer.poll()  # may replace the ranks in ``procs`` (a change committed, or its fallback)
+            if resizer.busy:  # it watches the ranks meanwhile: their exits are the change's
+                if orphaned():
+                    on_signal(signal.SIGTERM, None)
+                time.sleep(0.05)
+                continue
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             if all(c == 0 for c in codes) or killed_clean:
@@ -272,7 +320,8 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
                 # so a peer that failed as the group broke up (rank 0 gone from a collective) lost nothing.
                 log.warning("job %s: rank(s) %s exited with %s after rank 0 ended cleanly: a failure while "
                             "the ranks broke up, not the job's", req.spec.name,
-                            [r for r, c in zip(_ranks(req), codes, strict=True) if c], sorted({c for c in codes if c}))
+                            [r for r, c in zip(_ranks(req, len(codes)), codes, strict=True) if c],
+                            sorted({c for c in codes if c}))
                 return 0
             return 1
         if lingering_since is None and _leader_verdict(req, codes, wait_s=0.0):

@@ -124,6 +124,12 @@ class NoiseScaleProbe:
             self._params = [p for p in model.parameters() if p.requires_grad]
             self._arm()
 
+    def detach(self) -> None:
+        """Remove this probe's gradient hooks (its model moves to another probe: an in-place resize)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
     def _arm(self) -> None:
         """Hook the parameters for the coming step when it is measured (several processes)."""
         if self.world_size > 1 and self._countdown == 0 and not self._handles:

@@ -69,6 +69,12 @@ class Placement:
     dagster_run_id: str | None = None  # the Dagster run this generation belongs to (tagged on the MLflow run)
     noise_scale_budget: float = DEFAULT_BUDGET  # the GNS probe's share of the step time (ONES_GNS_BUDGET); 0: off
     tune_batch: bool = False  # the job re-tunes its own global batch in-process (``batch_tuning``)
+    # In-place resizing (``resize_control``, ``membership``): the launcher's plans for this process (None: the
+    # launcher cannot resize in place), the membership change this process belongs to (0: the first), and
+    # whether it joins a running group (it waits for plan ``membership``).
+    resize_dir: Path | None = None
+    membership: int = 0
+    joining: bool = False
 
     ENV_PREFIX = "ONES_"
 
@@ -86,6 +92,8 @@ class Placement:
             "ONES_SEED": str(self.seed), "ONES_STOP_FILE": str(self.stop_file or ""),
             "ONES_LAUNCHER_PID": str(self.launcher_pid or ""), "ONES_DAGSTER_RUN_ID": self.dagster_run_id or "",
             "ONES_TUNE_BATCH": "1" if self.tune_batch else "0", **budget_to_env(self.noise_scale_budget),
+            "ONES_RESIZE_DIR": str(self.resize_dir or ""), "ONES_MEMBERSHIP": str(self.membership),
+            "ONES_JOINING": "1" if self.joining else "0",
         }
 
     @classmethod
@@ -109,4 +117,6 @@ class Placement:
             launcher_pid=int(env.get("ONES_LAUNCHER_PID") or 0) or None,
             dagster_run_id=env.get("ONES_DAGSTER_RUN_ID") or None, noise_scale_budget=budget_from_env(env),
             tune_batch=env.get("ONES_TUNE_BATCH", "0") == "1",
+            resize_dir=Path(env["ONES_RESIZE_DIR"]) if env.get("ONES_RESIZE_DIR") else None,
+            membership=int(env.get("ONES_MEMBERSHIP") or 0), joining=env.get("ONES_JOINING", "0") == "1",
         )
