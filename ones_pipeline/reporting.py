@@ -310,6 +310,22 @@ def plot_slot_bars(bars: Sequence[SlotBar], jobs: Sequence[str], num_slots: int,
     return save_png(fig, path, dpi)
 
 
+def kept_section(text: str, name: str) -> str:
+    """The block of ``text`` between ``<!-- name -->`` and ``<!-- /name -->`` (markers included), "" if
+    there is none: a section one script writes into a document another script regenerates."""
+    start, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+    i, j = text.find(start), text.find(end)
+    return text[i:j + len(end)] if 0 <= i < j else ""
+
+
+def with_section(text: str, name: str, body: str) -> str:
+    """``text`` with its ``name`` section (``kept_section``) replaced by ``body`` between the markers, or
+    the section appended when there is none."""
+    block = f"<!-- {name} -->\n{body.strip()}\n<!-- /{name} -->"
+    old = kept_section(text, name)
+    return text.replace(old, block) if old else text.rstrip() + "\n\n" + block + "\n"
+
+
 # ------------------------------------------------------------------------------------------------- per-load table
 def _load_of(label: str) -> str | None:
     """The load of a Pollux workload label of ``benchmarks/policy_quality.py`` (``workload-3`` -> ``1.0``,

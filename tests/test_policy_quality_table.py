@@ -53,3 +53,13 @@ def test_per_load_rows_group_by_load_and_report_tails_both_ways():
     assert half[header.index("makespan / pollux")].endswith(f" / {span:.2f}x")
     restarts = [np.mean([records[lab][p]["restarts_per_job"] for lab in labs]) for p in POLICIES]
     assert half[header.index("restarts per job (pollux, sia, ones)")] == " / ".join(f"{r:.1f}" for r in restarts)
+
+
+def test_a_section_of_one_script_survives_another_regenerating_the_document():
+    from ones_pipeline.reporting import kept_section, with_section
+
+    doc = with_section("# Results\n\ntable\n", "regimes", "## Regimes\n\n| a |")
+    assert doc == "# Results\n\ntable\n\n<!-- regimes -->\n## Regimes\n\n| a |\n<!-- /regimes -->\n"
+    again = with_section(doc, "regimes", "## Regimes\n\n| b |")
+    assert kept_section(again, "regimes") == "<!-- regimes -->\n## Regimes\n\n| b |\n<!-- /regimes -->"
+    assert again.count("<!-- regimes -->") == 1 and kept_section("no markers", "regimes") == ""
