@@ -122,10 +122,7 @@ class _Rates:
         x = x[np.concatenate(([True], np.diff(x) > 0))]
         exact = changes is not None
         # Efficiency per distinct batch per piece: exact at the piece's middle, else the better end.
-        if exact:
-            at = [0.5 * (x[:-1] + x[1:])]
-        else:
-            at = [x[:-1], x[1:]]
+        at = [0.5 * (x[:-1] + x[1:])] if exact else [x[:-1], x[1:]]
         eff = {b: np.max([[truth.efficiency(float(p), b) for p in pts] for pts in at], axis=0) for b in distinct}
         rate = np.zeros((n_max + 1, len(x) - 1))
         for n, cfg in enumerate(configs, start=1):
@@ -290,7 +287,7 @@ def _dp(m: _JobModel, prices: np.ndarray, interval: float, free: np.ndarray | No
 
 
 def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig | None = None,
-                time_budget_s: float = 100.0, cell_s: float = 2.0, max_points: int = 4000,
+                time_budget_s: float = 90.0, cell_s: float = 4.0, max_points: int = 4000,
                 max_iterations: int = 200, tol: float = 1e-4) -> TightBound:
     """The Lagrangian bound of the module docstring on ``workload``; column generation stops after
     ``time_budget_s`` seconds, ``max_iterations``, or when the bound is within ``tol`` (relative) of the LP.
@@ -304,39 +301,62 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
     fast = lower_bound(workload, cluster, config)
     models = _models(workload, cluster, config, cell_s, max_points)
     G = cluster.num_gpus
-    # Rounds the prices cover: until every job could have run one after another at its fastest.
+    # A feasible start for the master, and the rounds the prices cover: jobs shortest first (at their fastest),
+    # each the best schedule in the GPUs left; prices past its makespan are 0 (any prices >= 0 give a bound).
     last = max(m.release for m in models)
-    span = sum(math.ceil((m.rates.fast_clock[-1] + m.cost) / interval) + 1 for m in models)
-    T = last + span + 1
-    limits = [T - m.release + 1 for m in models]
-    prices = np.zeros(T)
+    span = last + sum(math.ceil((m.rates.fast_clock[-1] + m.cost) / interval) + 1 for m in models) + 1
+    free = np.full(span, float(G))
     cols: list[tuple[int, float, dict[int, int]]] = []
-    # A feasible start for the master: jobs in order of release, each the best schedule in what is left.
-    free = np.full(T, float(G))
-    for j in sorted(range(len(models)), key=lambda j: (models[j].release, j)):
-        _, jct, use = _shortest(models[j], prices, interval, limits[j], free)
+    for j in sorted(range(len(models)), key=lambda j: (models[j].rates.fast_clock[-1], j)):
+        _, jct, use = _shortest(models[j], np.zeros(span), interval, span - models[j].release, free)
         for t, n in use.items():
-            if t < T:
-                free[t] -= n
+            free[t] -= n
         cols.append((j, jct, use))
-    best, lp_val, it = -math.inf, math.nan, 0
-    big = interval * len(models)  # overflow cost per GPU-round (the feasible start makes it unused)
+    T = int(np.nonzero(free < G)[0].max()) + 1
+    limits = [max(T - m.release + 1, 1) for m in models]
+    greedy = sum(jct for _, jct, _ in cols) / len(models)
+    # First prices: a GPU-round is worth about the JCT it saves, 1/G round to every job still in the system
+    # (under the feasible start); scaled, the best scale kept.
+    ends = np.zeros(len(models))
+    for j, jct, _ in cols:
+        ends[j] = models[j].submit + jct
+    starts = np.array([m.submit for m in models])
+    at = interval * np.arange(T)
+    in_system = ((starts[None, :] <= at[:, None] + interval) & (ends[None, :] > at[:, None])).sum(axis=1)
+    best, centre, upper, it = -math.inf, np.zeros(T), greedy, 0
+    step = 1.0
+    trials = [f * interval * in_system / G for f in (0.15, 0.3)]
+    prices = np.zeros(T)
     while True:
         it += 1
-        total = 0.0
+        if trials:
+            prices = trials.pop(0)
+        total, used = 0.0, np.zeros(T)
         for j, m in enumerate(models):
             val, jct, use = _shortest(m, prices, interval, limits[j])
             total += val
             cols.append((j, jct, use))
+            for t, n in use.items():
+                if t < T:
+                    used[t] += n
         bound = (total - G * prices.sum()) / len(models)
-        best = max(best, bound)
+        if bound > best:
+            best, centre, best_used = bound, prices, used
+        elif not trials:
+            step /= 2  # the step overshot: a shorter one from the same prices
         elapsed = time.perf_counter() - t_start
-        if it >= max_iterations or elapsed > time_budget_s:
+        if it >= max_iterations or elapsed > time_budget_s or (upper - best) <= tol * upper:
             break
-        lp_val, prices = _master(cols, len(models), T, G, big)
-        if lp_val - best <= tol * lp_val:
-            break
-    return TightBound(best, fast.mean_jct_s, lp_val, it, time.perf_counter() - t_start, len(models))
+        if it % 4 == 0:  # the master LP over the columns found: a target for the step (its value >= the optimum)
+            lp_val, _ = _master(cols, len(models), T, G, interval * len(models), 1)
+            upper = min(upper, lp_val)
+        if not trials:  # a subgradient step from the best prices, Polyak's length towards the target
+            g = best_used - G
+            norm = float(g @ g)
+            if norm == 0:
+                break
+            prices = np.maximum(centre + step * (upper - best) * len(models) / norm * g, 0.0)
+    return TightBound(best, fast.mean_jct_s, upper, it, time.perf_counter() - t_start, len(models))
 
 
 def _models(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig, cell_s: float,
@@ -359,25 +379,29 @@ def _models(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig, cel
     return out
 
 
-def _master(cols, jobs: int, T: int, G: int, big: float) -> tuple[float, np.ndarray]:
+def _master(cols, jobs: int, T: int, G: int, big: float, block: int) -> tuple[float, np.ndarray]:
     """The master LP over the columns: min sum of JCTs, each job a convex combination of its columns,
-    GPUs per round <= G + overflow (cost ``big`` per GPU-round). (mean JCT, capacity prices per round)."""
+    GPU-rounds per block of ``block`` rounds <= G x its rounds + overflow (cost ``big`` per GPU-round; summing
+    over a block relaxes the capacity further). (mean JCT, prices per round: the block's dual)."""
     nc = len(cols)
+    nb = -(-T // block)
     rows, cidx, vals = [], [], []
     for c, (_, _, use) in enumerate(cols):
         for t, n in use.items():
             if t < T:
-                rows.append(t)
+                rows.append(t // block)
                 cidx.append(c)
                 vals.append(float(n))
-    rows += list(range(T))
-    cidx += list(range(nc, nc + T))
-    vals += [-1.0] * T
-    A_ub = coo_matrix((vals, (rows, cidx)), shape=(T, nc + T)).tocsr()
-    A_eq = coo_matrix(([1.0] * nc, ([j for j, _, _ in cols], list(range(nc)))), shape=(jobs, nc + T)).tocsr()
-    cost = np.concatenate([[jct for _, jct, _ in cols], np.full(T, big)])
-    res = linprog(cost, A_ub=A_ub, b_ub=np.full(T, float(G)), A_eq=A_eq, b_eq=np.ones(jobs),
-                  bounds=(0, None), method="highs")
+    rows += list(range(nb))
+    cidx += list(range(nc, nc + nb))
+    vals += [-1.0] * nb
+    A_ub = coo_matrix((vals, (rows, cidx)), shape=(nb, nc + nb)).tocsr()
+    A_eq = coo_matrix(([1.0] * nc, ([j for j, _, _ in cols], list(range(nc)))), shape=(jobs, nc + nb)).tocsr()
+    cost = np.concatenate([[jct for _, jct, _ in cols], np.full(nb, big)])
+    cap = np.full(nb, float(G * block))
+    cap[-1] = G * (T - (nb - 1) * block)
+    res = linprog(cost, A_ub=A_ub, b_ub=cap, A_eq=A_eq, b_eq=np.ones(jobs), bounds=(0, None), method="highs")
     if res.status != 0:
         raise RuntimeError(f"tight bound: master LP failed: {res.message}")
-    return float(res.fun) / jobs, np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
+    duals = np.maximum(-np.asarray(res.ineqlin.marginals), 0.0)
+    return float(res.fun) / jobs, np.repeat(duals, block)[:T]
