@@ -342,15 +342,21 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
         bound = (total - G * prices.sum()) / len(models)
         if bound > best:
             best, centre, best_used = bound, prices, used
-        elif not trials:
-            step /= 2  # the step overshot: a shorter one from the same prices
+        elif not trials and it % 2 == 1:
+            step /= 2  # the subgradient step overshot: a shorter one next time
         elapsed = time.perf_counter() - t_start
         if it >= max_iterations or elapsed > time_budget_s or (upper - best) <= tol * upper:
             break
-        if it % 4 == 0:  # the master LP over the columns found: a target for the step (its value >= the optimum)
-            lp_val, _ = _master(cols, len(models), T, G, interval * len(models), 1)
-            upper = min(upper, lp_val)
-        if not trials:  # a subgradient step from the best prices, Polyak's length towards the target
+        if trials:
+            continue
+        # The master LP over the columns found: its value is a target (>= the best bound), its duals a proposal.
+        lp_val, duals = _master(cols, len(models), T, G, interval * len(models), 1)
+        upper = min(upper, lp_val)
+        if (upper - best) <= tol * upper:
+            break
+        if it % 2:  # the LP's prices, smoothed towards the best so far (Wentges 1997)
+            prices = 0.5 * centre + 0.5 * duals
+        else:  # a subgradient step from the best prices, Polyak's length towards the target
             g = best_used - G
             norm = float(g @ g)
             if norm == 0:
