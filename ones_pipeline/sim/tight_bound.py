@@ -58,6 +58,10 @@ from ones_pipeline.sim.bound import _batch_grid, _config_rate, _placements, lowe
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.truth import SimJob
 
+# Largest (grid points x GPU counts x rounds) for which a job's programme keeps the GPUs it holds in its state
+# (every change costs its dead time); above it (the longest jobs) changes after the first start are free.
+HELD_STATES = 20_000_000
+
 
 @dataclass(frozen=True)
 class TightBound:
@@ -162,6 +166,10 @@ class _JobModel:
     tau0: np.ndarray
     rest: np.ndarray  # (P,) seconds from grid point k to the end at the fastest rate
     horizon: int
+    # After a change of GPU count (``cost`` < a round): the round's ``interval - cost`` productive seconds,
+    # from every grid point; ``taud`` counts the dead time too. None where the cost is a round or more.
+    nxtd: np.ndarray | None = None
+    taud: np.ndarray | None = None
 
 
 def _job_model(job: SimJob, rates: _Rates, config: SimConfig, cell_s: float, max_points: int) -> _JobModel:
@@ -196,8 +204,19 @@ def _job_model(job: SimJob, rates: _Rates, config: SimConfig, cell_s: float, max
             nxt0[n - 1] = max(1, int(np.searchsorted(grid, rates.reach(n, np.array(first))[()] * (1 - 1e-12))))
     rest = fast_total - np.interp(grid[:-1], rates.x, rates.fast_clock)
     est = math.ceil((fast_total + cost) / interval) + 1
+    nxtd = taud = None
+    if cost < interval:
+        nxtd, taud = np.empty_like(nxt), np.zeros_like(tau)
+        for n in range(1, n_max + 1):
+            t_k = rates.time_at(n, grid[:-1])
+            end = t_k + (interval - cost)
+            done = end >= total_clock[n] * (1 - 1e-12)
+            reached = rates.reach(n, np.minimum(end, total_clock[n]))
+            idx = np.maximum(np.searchsorted(grid, reached * (1 - 1e-12), side="left"), np.arange(1, points + 1))
+            nxtd[n - 1] = np.where(done, -1, idx)
+            taud[n - 1] = np.where(done, cost + total_clock[n] - t_k, 0.0)
     return _JobModel(rates, s.submit_time_s, release, cost, grid, nxt, tau, nxt0, tau0, rest,
-                     horizon=max(4 * est, 8))
+                     horizon=max(4 * est, 8), nxtd=nxtd, taud=taud)
 
 
 def _shortest(m: _JobModel, prices: np.ndarray, interval: float, limit: int,
@@ -206,10 +225,87 @@ def _shortest(m: _JobModel, prices: np.ndarray, interval: float, limit: int,
     (JCT + priced GPU-rounds, JCT, {round: GPUs}); the horizon doubles (to ``limit`` rounds after release)
     while the schedule runs into it. ``free``: GPUs it may hold per round (None: any number)."""
     while True:
-        val, jct, use, hit = _dp(m, prices, interval, free)
+        size = len(m.grid) * (m.nxt.shape[0] + 1) * (m.horizon + 1)
+        dp = _dp_held if m.nxtd is not None and size <= HELD_STATES else _dp
+        val, jct, use, hit = dp(m, prices, interval, free)
         if not hit or m.horizon >= limit:
             return val, jct, use
         m.horizon = min(2 * m.horizon, limit)
+
+
+def _dp_held(m: _JobModel, prices: np.ndarray, interval: float, free: np.ndarray | None):
+    """The dynamic programme with the GPUs held in the state, so that every change of count (first start,
+    resize, resume after a pause) costs its dead time, as in the simulator: ``V(k, h, t)`` = min of pausing
+    (``V(k, 0, t+1)``), changing to ``n != h`` (dead time, then ``interval - cost`` seconds of progress) and
+    keeping ``h``; a paused job (``h = 0``) may wait for free."""
+    H, P = m.horizon, len(m.grid) - 1
+    N = m.nxt.shape[0]
+    t0 = m.release
+    lam = np.zeros(H + 1)
+    seg = prices[t0:t0 + H + 1]
+    lam[:len(seg)] = seg
+    starts = interval * (t0 + np.arange(H + 1)) - m.submit
+    ns = np.arange(1, N + 1)
+    price = ns[:, None] * lam[None, :]
+    if free is not None:
+        cap = np.full(H + 1, np.inf)
+        seg = free[t0:t0 + H + 1]
+        cap[:len(seg)] = seg
+        price[ns[:, None] > cap[None, :]] = np.inf
+    price = price[:, :H]
+    V = np.empty((P + 1, N + 1, H + 1))
+    V[P] = starts[None, :]
+    V[:P, 1:, H] = starts[H] + m.rest[:, None]
+    V[:P, 0, H] = starts[H] + m.cost + m.rest  # a paused or unstarted job pays a start
+    cols = np.arange(H)
+
+    def options(k):
+        """(N, H) costs of changing to n (``change``) and of keeping n (``keep``) from grid point ``k``."""
+        out = []
+        for nx, tau in ((m.nxtd[:, k], m.taud[:, k]), (m.nxt[:, k], m.tau[:, k])):
+            c = price.copy()
+            fin = nx < 0
+            if fin.any():
+                c[fin] += starts[None, :H] + tau[fin][:, None]
+            if (~fin).any():
+                c[~fin] += V[nx[~fin], ns[~fin], 1:]
+            out.append(c)
+        return out
+
+    for k in range(P - 1, -1, -1):
+        change, keep = options(k)
+        arg = np.argmin(change, axis=0)
+        first = change[arg, cols]
+        change[arg, cols] = np.inf
+        second = change.min(axis=0)
+        V[k, 0, :H] = np.minimum.accumulate(np.append(first, V[k, 0, H])[::-1])[::-1][:H]
+        other = np.where(arg[None, :] == (ns - 1)[:, None], second[None, :], first[None, :])
+        V[k, 1:, :H] = np.minimum(np.minimum(other, keep), V[k, 0, 1:][None, :])
+    val = float(V[0, 0, 0])
+    use: dict[int, int] = {}
+    k, h, i, paid = 0, 0, 0, 0.0
+    while k < P:
+        if i >= H:
+            return val, val - paid, use, True
+        change, keep = options(k)
+        here = V[k, h, i]
+        if V[k, 0, i + 1] == here:
+            h, i = 0, i + 1  # pause (or wait)
+            continue
+        if h and keep[h - 1, i] == here:
+            n, nx = h, int(m.nxt[h - 1, k])
+        else:
+            costs = change[:, i].copy()
+            if h:
+                costs[h - 1] = np.inf
+            n = int(np.argmin(costs)) + 1
+            nx = int(m.nxtd[n - 1, k])
+        use[t0 + i] = n
+        paid += n * lam[i]
+        if nx < 0:
+            break
+        k, h, i = nx, n, i + 1
+    return val, val - paid, use, False
 
 
 def _dp(m: _JobModel, prices: np.ndarray, interval: float, free: np.ndarray | None):
