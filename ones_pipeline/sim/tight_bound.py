@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,13 +220,14 @@ def _job_model(job: SimJob, rates: _Rates, config: SimConfig, cell_s: float, max
 
 
 def _shortest(m: _JobModel, prices: np.ndarray, interval: float, limit: int,
-              free: np.ndarray | None = None) -> tuple[float, float, dict[int, int]]:
+              free: np.ndarray | None = None, held: bool = True) -> tuple[float, float, dict[int, int]]:
     """Job ``m``'s cheapest relaxed schedule at ``prices`` (per global round; rounds past ``prices`` free):
     (JCT + priced GPU-rounds, JCT, {round: GPUs}); the horizon doubles (to ``limit`` rounds after release)
-    while the schedule runs into it. ``free``: GPUs it may hold per round (None: any number)."""
+    while the schedule runs into it. ``free``: GPUs it may hold per round (None: any number); ``held``: the
+    GPUs held in the state where it fits (``_dp_held``), else never (``_dp``)."""
     while True:
         size = len(m.grid) * (m.nxt.shape[0] + 1) * (m.horizon + 1)
-        dp = _dp_held if m.nxtd is not None and size <= HELD_STATES else _dp
+        dp = _dp_held if held and m.nxtd is not None and size <= HELD_STATES else _dp
         val, jct, use, hit = dp(m, prices, interval, free)
         if not hit or m.horizon >= limit:
             return val, jct, use
@@ -384,11 +385,12 @@ def _dp(m: _JobModel, prices: np.ndarray, interval: float, free: np.ndarray | No
 
 def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig | None = None,
                 time_budget_s: float = 90.0, cell_s: float = 4.0, max_points: int = 4000,
-                max_iterations: int = 200, tol: float = 1e-4) -> TightBound:
+                max_iterations: int = 200, tol: float = 1e-4,
+                progress: Callable[[int, float, float], None] | None = None) -> TightBound:
     """The Lagrangian bound of the module docstring on ``workload``; column generation stops after
     ``time_budget_s`` seconds, ``max_iterations``, or when the bound is within ``tol`` (relative) of the LP.
     ``cell_s``: the progress grid's cell, in seconds at the job's fastest rate (finer: tighter and slower;
-    at most ``max_points`` per job)."""
+    at most ``max_points`` per job). ``progress(iteration, best bound, LP value)`` after each iteration."""
     config = config if config is not None else SimConfig()
     if not workload:
         raise ValueError("workload has no jobs")
@@ -404,7 +406,7 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
     free = np.full(span, float(G))
     cols: list[tuple[int, float, dict[int, int]]] = []
     for j in sorted(range(len(models)), key=lambda j: (models[j].rates.fast_clock[-1], j)):
-        _, jct, use = _shortest(models[j], np.zeros(span), interval, span - models[j].release, free)
+        _, jct, use = _shortest(models[j], np.zeros(span), interval, span - models[j].release, free, held=False)
         for t, n in use.items():
             free[t] -= n
         cols.append((j, jct, use))
@@ -438,9 +440,11 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
         bound = (total - G * prices.sum()) / len(models)
         if bound > best:
             best, centre, best_used = bound, prices, used
-        elif not trials and it % 2 == 1:
+        elif not trials and (it - 1) % 3:
             step /= 2  # the subgradient step overshot: a shorter one next time
         elapsed = time.perf_counter() - t_start
+        if progress is not None:
+            progress(it, best, upper)
         if it >= max_iterations or elapsed > time_budget_s or (upper - best) <= tol * upper:
             break
         if trials:
@@ -450,7 +454,7 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
         upper = min(upper, lp_val)
         if (upper - best) <= tol * upper:
             break
-        if it % 2:  # the LP's prices, smoothed towards the best so far (Wentges 1997)
+        if it % 3 == 0:  # the LP's prices, smoothed towards the best so far (Wentges 1997)
             prices = 0.5 * centre + 0.5 * duals
         else:  # a subgradient step from the best prices, Polyak's length towards the target
             g = best_used - G
