@@ -97,14 +97,15 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
                 time_budget_s: float = 90.0, cell_s: float = 4.0, max_points: int = 4000,
                 max_iterations: int = 200, tol: float = 1e-4,
                 progress: Callable[[int, float, float], None] | None = None) -> TightBound:
-    """The Lagrangian bound of the module docstring on ``workload``; column generation stops after
-    ``time_budget_s`` seconds, ``max_iterations``, or when the bound is within ``tol`` (relative) of the LP.
+    """The Lagrangian bound of the module docstring on ``workload``; the search stops after
+    ``time_budget_s`` seconds of this process's CPU time (setup included; the wall time is larger on a loaded
+    machine), ``max_iterations``, or when the bound is within ``tol`` (relative) of the LP.
     ``cell_s``: the progress grid's cell, in seconds at the job's fastest rate (finer: tighter and slower;
     at most ``max_points`` per job). ``progress(iteration, best bound, LP value)`` after each iteration."""
     config = config if config is not None else SimConfig()
     if not workload:
         raise ValueError("workload has no jobs")
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     interval = config.interval_s
     fast = lower_bound(workload, cluster, config)
     models = job_models(workload, cluster, config, cell_s, max_points)
@@ -125,7 +126,7 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
             best, centre, best_used = bound, prices, used
         elif not trials and (it - 1) % 3:
             step /= 2  # the subgradient step overshot: a shorter one next time
-        elapsed = time.perf_counter() - t_start
+        elapsed = time.process_time() - cpu_start
         if progress is not None:
             progress(it, best, upper)
         if it >= max_iterations or elapsed > time_budget_s or (upper - best) <= tol * upper:
