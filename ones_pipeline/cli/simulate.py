@@ -84,9 +84,9 @@ def add_command(sub: SubcommandAdder) -> None:
                      help="parallel processes (default: one per policy, at most the CPU count)")
     sim.add_argument("--bound", choices=("fast", "tight"), default="fast",
                      help="lower bound printed: fast (sim/bound.py, seconds) or tight (also the Lagrangian bound "
-                          "of sim/tight_bound.py, up to --bound-budget seconds; the larger is the bound)")
+                          "of sim/tight_bound.py, up to --bound-budget CPU seconds; the larger is the bound)")
     sim.add_argument("--bound-budget", type=_positive_float, default=90.0,
-                     help="seconds the tight bound may take (90)")
+                     help="CPU seconds the tight bound may take, setup included (90)")
     sim.add_argument("--out", type=Path, default=None, help="directory for CSVs, summary.json and PNG plots")
     sim.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
 
