@@ -138,3 +138,4 @@ def test_simulate_prints_both_bounds_with_bound_tight(tmp_path, capsys):
     bound = json.loads((tmp_path / "summary.json").read_text())["bound"]
     assert bound["mean_jct_s"] == max(bound["tight_mean_jct_s"], bound["fast_mean_jct_s"])
     assert bound["binds"] in ("tight", "fast")
+
