@@ -21,6 +21,9 @@ from ones_pipeline.sim.truth import SimJob
 # Largest (grid points x GPU counts x rounds) for which a job's programme keeps the GPUs it holds in its state
 # (every change costs its dead time); above it (the longest jobs) changes after the first start are free.
 HELD_STATES = 20_000_000
+# Fewest progress grid points per job: short jobs get cells finer than ``cell_s`` (their rounding up, at most a
+# cell per round, is otherwise a large part of their run).
+MIN_POINTS = 400
 
 
 class Rates:
@@ -112,7 +115,7 @@ def job_model(job: SimJob, rates: Rates, config: SimConfig, cell_s: float, max_p
     cost = config.restart_cost_for(s.model, job.truth.restart_cost_s)
     release = math.ceil(s.submit_time_s / interval - 1e-9)
     fast_total = rates.fast_clock[-1]
-    points = int(min(max_points, max(8, math.ceil(fast_total / cell_s))))
+    points = int(min(max_points, max(MIN_POINTS, math.ceil(fast_total / cell_s))))
     grid = np.interp(np.linspace(0.0, fast_total, points + 1), rates.fast_clock, rates.x)
     grid[-1] = rates.total
     n_max = rates.n_max
