@@ -112,7 +112,7 @@ def test_tight_bound_below_every_policy_on_a_contended_pollux_sample():
     policy gets below it."""
     jobs = load_pollux_workload(workload_path("pollux:workload-6"))[:24]
     cluster, config = Cluster.uniform(2, 4), SimConfig(interval_s=120.0)
-    b = tight_bound(jobs, cluster, config, time_budget_s=15.0)
+    b = tight_bound(jobs, cluster, config, time_budget_s=4.0)
     assert b.binds == "tight" and b.lagrangian_s > b.fast_s
     assert b.to_dict()["mean_jct_s"] == b.mean_jct_s
     for name in ("fifo", "tiresias"):
@@ -131,7 +131,7 @@ def test_simulate_prints_both_bounds_with_bound_tight(tmp_path, capsys):
     from ones_pipeline.cli import main
 
     rc = main(["simulate", "--workload", "pollux:workload-6", "--jobs", "6", "--gpus", "8", "--policies", "fifo",
-               "--bound", "tight", "--bound-budget", "5", "--no-progress", "--out", str(tmp_path)])
+               "--bound", "tight", "--bound-budget", "2", "--no-progress", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "tight/fast" in out and "binds" in out
