@@ -280,8 +280,14 @@ def _dp_free(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
     V[P] = starts  # rounded up to the total: finished by the round's start
     V[:P, H] = starts[H] + m.rest
     after = lambda rows, n: V[rows, 1:]  # noqa: E731
+    # V is non-increasing in progress (the next grid point is non-decreasing in k and in n), so of the counts
+    # that land on the same grid point only the fewest GPUs can be best; those that finish all stay.
+    lead = m.nxt < 0
+    lead[0] = True
+    lead[1:] |= m.nxt[1:] != m.nxt[:-1]
     for k in range(P - 1, -1, -1):
-        a = _moves(m.nxt[:, k], m.tau[:, k], price, starts, after).min(axis=0)
+        sel = lead[:, k]
+        a = _moves(m.nxt[sel, k], m.tau[sel, k], price[sel], starts, after).min(axis=0)
         V[k, :H] = np.minimum.accumulate(np.append(a, V[k, H])[::-1])[::-1][:H]
     # The first start at round i: dead rounds free, then a round of ``interval - cost`` productive seconds.
     q = int(m.cost // (starts[1] - starts[0])) if H else 0
