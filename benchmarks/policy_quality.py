@@ -330,6 +330,18 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
     return "\n".join(doc)
 
 
+def keep_tight_bound(old: str, new: str) -> str:
+    """``new`` with the tight-bound section of ``old`` (written by ``benchmarks/tight_bound.py``, which this
+    script does not compute) kept before the JCT CDFs."""
+    start = old.find("## The tight lower bound")
+    if start < 0:
+        return new
+    end = old.find("## JCT CDFs", start)
+    section = old[start:end if end >= 0 else len(old)].rstrip() + "\n\n"
+    at = new.find("## JCT CDFs")
+    return new[:at] + section + new[at:] if at >= 0 else new + "\n" + section
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
@@ -379,7 +391,8 @@ def main() -> None:
                    f"load-1.0 workloads ({ratio:.3f}x).")
     unknown = "not recorded (records made before this was noted)"
     hosts = sorted({records[label][p].get("host", unknown) for label in specs for p in policies})
-    args.out.write_text(_document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts))
+    doc = _document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts)
+    args.out.write_text(keep_tight_bound(args.out.read_text() if args.out.is_file() else "", doc))
     print(f"wrote {args.out} and {plots}/")
 
 

@@ -64,3 +64,14 @@ def test_default_workloads_cover_all_eight_at_every_load():
     for load in ("0.5", "1.25", "1.5"):
         assert {f"{load}:{n}" for n in range(1, 9)} <= tokens
     assert {str(n) for n in range(1, 9)} | {"ones50", "ones400"} <= tokens
+
+
+def test_regenerating_results_keeps_the_tight_bound_section():
+    """docs/results.md's tight-bound section comes from benchmarks/tight_bound.py; regenerating the rest keeps
+    it, before the JCT CDFs, and a document without one is left as it is."""
+    old = "# old\n\n| a |\n\n## The tight lower bound (issue 38)\n\ntable T\n\n## JCT CDFs\n\nold plots\n"
+    new = "# new\n\n| b |\n\n## JCT CDFs\n\nnew plots\n"
+    out = pq.keep_tight_bound(old, new)
+    assert out.index("table T") < out.index("## JCT CDFs") < out.index("new plots")
+    assert "| b |" in out and "| a |" not in out and "old plots" not in out
+    assert pq.keep_tight_bound("# nothing kept\n", new) == new
