@@ -26,6 +26,34 @@ HELD_STATES = 20_000_000
 MIN_POINTS = 400
 
 
+def placements_of(cluster: Cluster, n: int, every_up_to: int = 16) -> list[tuple[int, ...]]:
+    """Placements (GPUs per node, largest first) of ``n`` GPUs the rates take the best of: every one that fits
+    the cluster up to ``every_up_to`` GPUs (the largest measured in the Pollux profiles, whose other
+    placements are interpolated by node and GPU counts only), above it the fewest nodes and an even spread
+    over each larger node count. More nodes can be faster in the profiles (up to several times, at small
+    per-GPU batches), so the fewest nodes alone would not bound every policy."""
+    sizes = sorted(cluster.gpus_per_node, reverse=True)
+    fewest = _placements(cluster, n)[-1]
+    out = {fewest}
+    if n <= every_up_to:
+        def parts(left, cap, k):
+            if left == 0:
+                yield ()
+                return
+            if k >= len(sizes):
+                return
+            for g in range(min(cap, left, sizes[k]), 0, -1):
+                for rest in parts(left - g, g, k + 1):
+                    yield (g, *rest)
+        out.update(parts(n, sizes[0], 0))
+    for m in range(len(fewest) + 1, min(n, len(sizes)) + 1):
+        base, extra = divmod(n, m)
+        spread = tuple(base + (i < extra) for i in range(m))
+        if all(g <= c for g, c in zip(spread, sizes, strict=False)):
+            out.add(spread)
+    return sorted(out)
+
+
 class Rates:
     """``r(n, p)`` of one job type: progress cuts ``x`` (the truth's rate changes), rate per GPU count and
     piece ``rate[n, i]`` (row 0: no GPUs), and the time to reach each cut at each count ``clock[n, i]``."""
@@ -33,15 +61,15 @@ class Rates:
     def __init__(self, job: SimJob, cluster: Cluster, batches: set[int], grid: int = 24, pieces: int = 200):
         spec, truth = job.spec, job.truth
         n_max = max(1, min(spec.gpu_cap, cluster.num_gpus))
-        placements = _placements(cluster, n_max)
         all_b = sorted(_batch_grid(spec, grid) | batches)
         configs: list[list[tuple[int, float]]] = []
-        for pl in placements:
+        for n in range(1, n_max + 1):
             best: dict[int, float] = {}
-            for b in all_b:
-                rated = _config_rate(truth, pl, b)
-                if rated is not None and rated[1] > best.get(rated[0], 0.0):
-                    best[rated[0]] = rated[1]
+            for pl in placements_of(cluster, n):
+                for b in all_b:
+                    rated = _config_rate(truth, pl, b)
+                    if rated is not None and rated[1] > best.get(rated[0], 0.0):
+                        best[rated[0]] = rated[1]
             configs.append(sorted(best.items()))
         total = float(truth.total_progress)
         changes = getattr(truth, "next_rate_change", None)
