@@ -139,3 +139,19 @@ def test_simulate_prints_both_bounds_with_bound_tight(tmp_path, capsys):
     assert bound["mean_jct_s"] == max(bound["tight_mean_jct_s"], bound["fast_mean_jct_s"])
     assert bound["binds"] in ("tight", "fast")
 
+
+
+def test_rates_take_the_best_placement_not_only_the_fewest_nodes():
+    """Every placement of up to 16 GPUs, and spreads above: on the Pollux profiles more nodes can be faster,
+    so yolov3's fastest run alone is below what the fewest nodes give (the fast bound's rate model)."""
+    from ones_pipeline.sim.bound import _per_job
+    from ones_pipeline.sim.job_paths import Rates, placements_of
+
+    cluster = Cluster.uniform(16, 4)
+    assert placements_of(cluster, 5) == [(1, 1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1), (3, 1, 1), (3, 2), (4, 1)]
+    big = placements_of(cluster, 33)
+    assert (4, 4, 4, 4, 4, 4, 4, 4, 1) in big and (3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2) in big
+    assert all(sum(p) == 33 and len(p) <= 16 and max(p) <= 4 for p in big)
+    job = next(j for j in load_pollux_workload(workload_path("pollux:workload-6")) if j.spec.model == "yolov3")
+    fewest_nodes_alone, _ = _per_job(job, cluster, 24, 200)
+    assert Rates(job, cluster, set()).fast_clock[-1] < 0.9 * fewest_nodes_alone
