@@ -18,17 +18,18 @@ generation). Prices: first ``f x interval x (jobs in the system) / G`` (an extra
 first, each the best schedule in the GPUs left); then projected subgradient steps from the best prices
 (Polyak's length towards the master LP's value), and every third step the duals of the master LP over
 all schedules found (HiGHS via ``scipy.optimize.linprog``), smoothed half-way towards the best prices
-(Wentges 1997). The master LP's value is at least the relaxation's optimum, so it brackets the bound.
+(Wentges 1997). The master LP's value (``lp_s``) estimates where the relaxation's optimum lies; it is not a
+bound (the feasible start's columns pay no dead time on resizes).
 
 **Each job's schedules are relaxed further, always optimistically, so the bound stays valid:**
 
-* At ``n`` GPUs the job runs at ``r(n, p)``: the best goodput over batches and accumulation (a geometric
-  grid from M0 to the largest batch, plus the workload's own batches, split as the simulator splits them)
-  on the fewest nodes, at progress ``p`` (``sim.bound``'s rate model, per GPU count), never slower than at
-  fewer GPUs. Efficiency is piecewise constant between the truth's rate changes (``next_rate_change``:
-  epoch ends), so within a round the job follows the flow ``dp/dt = r(n, p)``, cut where the rate changes,
-  as the simulator does; any real configuration runs no faster at each ``p``, so it reaches no further (a
-  1-D flow is order preserving: starting behind, or slower, never gets ahead).
+* At ``n`` GPUs the job runs at ``r(n, p)``: the best goodput over placements (``job_paths.placements_of``:
+  more nodes can be faster in the profiles) and over batches and accumulation (a geometric grid from M0 to
+  the largest batch, plus the workload's own batches, split as the simulator splits them) at progress ``p``,
+  never slower than at fewer GPUs. Efficiency is piecewise constant between the truth's rate changes
+  (``next_rate_change``: epoch ends), so within a round the job follows the flow ``dp/dt = r(n, p)``, cut
+  where the rate changes, as the simulator does; any real configuration runs no faster at each ``p``, so
+  it reaches no further (a 1-D flow is order preserving: starting behind, or slower, never gets ahead).
 * Progress lives on a grid uniform in the time the job would need at its fastest rate; after each round
   it is rounded **up** to the next grid point (the job is credited at least what it did), and a job
   rounded up to its total has finished at the round's end (it really finishes later).
