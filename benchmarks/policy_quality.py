@@ -38,7 +38,7 @@ from ones_options import ones_options  # same folder (the script's folder is on 
 
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.reporting import kept_section, per_load_table, plot_jct_cdf, with_section
+from ones_pipeline.reporting import keep_tight_bound, kept_section, per_load_table, plot_jct_cdf, with_section
 from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.packaged import workload_path
@@ -307,7 +307,8 @@ def main() -> None:
     hosts = sorted({records[label][p].get("host", unknown) for label in specs for p in policies})
     doc = _document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts)
     old = args.out.read_text() if args.out.is_file() else ""
-    if regimes := kept_section(old, "regimes"):  # benchmarks/regimes.py's section stays
+    doc = keep_tight_bound(old, doc)  # benchmarks/tight_bound.py's section stays
+    if regimes := kept_section(old, "regimes"):  # and benchmarks/regimes.py's
         doc = with_section(doc, "regimes", regimes.split("\n", 1)[1].rsplit("\n", 1)[0])
     args.out.write_text(doc)
     print(f"wrote {args.out} and {plots}/")

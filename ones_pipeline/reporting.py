@@ -326,6 +326,18 @@ def with_section(text: str, name: str, body: str) -> str:
     return text.replace(old, block) if old else text.rstrip() + "\n\n" + block + "\n"
 
 
+def keep_tight_bound(old: str, new: str) -> str:
+    """``new`` with the tight-bound section of ``old`` (written by ``benchmarks/tight_bound.py``, which this
+    script does not compute) kept before the JCT CDFs."""
+    start = old.find("## The tight lower bound")
+    if start < 0:
+        return new
+    end = old.find("## JCT CDFs", start)
+    section = old[start:end if end >= 0 else len(old)].rstrip() + "\n\n"
+    at = new.find("## JCT CDFs")
+    return new[:at] + section + new[at:] if at >= 0 else new + "\n" + section
+
+
 # ------------------------------------------------------------------------------------------------- per-load table
 def _load_of(label: str) -> str | None:
     """The load of a Pollux workload label of ``benchmarks/policy_quality.py`` (``workload-3`` -> ``1.0``,

@@ -63,3 +63,16 @@ def test_a_section_of_one_script_survives_another_regenerating_the_document():
     again = with_section(doc, "regimes", "## Regimes\n\n| b |")
     assert kept_section(again, "regimes") == "<!-- regimes -->\n## Regimes\n\n| b |\n<!-- /regimes -->"
     assert again.count("<!-- regimes -->") == 1 and kept_section("no markers", "regimes") == ""
+
+
+def test_regenerating_results_keeps_the_tight_bound_section():
+    """docs/results.md's tight-bound section comes from benchmarks/tight_bound.py; regenerating the rest keeps
+    it, before the JCT CDFs, and a document without one is left as it is."""
+    from ones_pipeline.reporting import keep_tight_bound
+
+    old = "# old\n\n| a |\n\n## The tight lower bound (issue 38)\n\ntable T\n\n## JCT CDFs\n\nold plots\n"
+    new = "# new\n\n| b |\n\n## JCT CDFs\n\nnew plots\n"
+    out = keep_tight_bound(old, new)
+    assert out.index("table T") < out.index("## JCT CDFs") < out.index("new plots")
+    assert "| b |" in out and "| a |" not in out and "old plots" not in out
+    assert keep_tight_bound("# nothing kept\n", new) == new

@@ -82,6 +82,11 @@ def add_command(sub: SubcommandAdder) -> None:
     sim.add_argument("--seed", type=int, default=0, help="random seed of the policies (0)")
     sim.add_argument("--processes", type=_positive_int, default=None,
                      help="parallel processes (default: one per policy, at most the CPU count)")
+    sim.add_argument("--bound", choices=("fast", "tight"), default="fast",
+                     help="lower bound printed: fast (sim/bound.py, seconds) or tight (also the Lagrangian bound "
+                          "of sim/tight_bound.py, up to --bound-budget CPU seconds; the larger is the bound)")
+    sim.add_argument("--bound-budget", type=_positive_float, default=90.0,
+                     help="CPU seconds the tight bound may take, setup included (90)")
     sim.add_argument("--out", type=Path, default=None, help="directory for CSVs, summary.json and PNG plots")
     sim.add_argument("--no-progress", action="store_true", help="do not draw the progress line")
 
@@ -106,6 +111,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ones_pipeline.sim.report import comparison_table, summarise, write_outputs
 
     bound = lower_bound(workload.load(), cluster, config).to_dict()
+    if args.bound == "tight":
+        from ones_pipeline.sim.tight_bound import tight_bound
+
+        tight = tight_bound(workload.load(), cluster, config, time_budget_s=args.bound_budget)
+        bound = {**bound, **tight.to_dict()}
 
     baseline = "ones" if "ones" in results else args.policies[0]
     if args.out:

@@ -26,8 +26,9 @@ Two relaxations, and their combination, which is the bound:
 
 Shared by both: a job can first run at the first round boundary at or after its submission (the
 simulator's rounds are multiples of ``interval_s``), plus its restart cost (every first start pays it).
-Configurations: ``n`` GPUs on the fewest nodes (``n`` GPUs spread over more nodes only add
-communication in the profiles), total batches on a geometric grid from the job's smallest
+Configurations: ``n`` GPUs on the fewest nodes (an assumption the Pollux profiles do not bear out: at small
+per-GPU batches more nodes can be faster, so (a) is not strictly a bound for every job; ``sim.tight_bound``
+takes the best placement), total batches on a geometric grid from the job's smallest
 (``min_global_batch`` or ``per_gpu_batch``) to its largest batch plus the workload's own batch, split
 as the simulator splits them. Efficiency depends on progress; where the truth says where it changes
 (``next_rate_change``) the progress axis is cut there and each piece is exact, otherwise it is cut into

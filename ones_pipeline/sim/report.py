@@ -106,8 +106,12 @@ def comparison_table(summaries: Mapping[str, Mapping[str, float]], baseline: str
                      f"{s['utilisation']:.1%}", f"{s['restarts']:d}"])
     if low:
         ratio = low / base if base else math.nan
-        rows.append(["bound", _h(low), f"{ratio:.2f}x", f"{1.0:.2f}x", f"  (lower bound: max of alone "
-                     f"{_h(bound['alone_mean_jct_s'])}, one-server SRPT {_h(bound['srpt_mean_jct_s'])})"])
+        note = (f"  (lower bound: max of alone {_h(bound['alone_mean_jct_s'])}, one-server SRPT "
+                f"{_h(bound['srpt_mean_jct_s'])})")
+        if "tight_mean_jct_s" in bound:  # sim/tight_bound.py's TightBound.to_dict()
+            note = (f"  (lower bound: tight {_h(bound['tight_mean_jct_s'])}, fast {_h(bound['fast_mean_jct_s'])}, "
+                    f"tight/fast {bound['tight_mean_jct_s'] / bound['fast_mean_jct_s']:.2f}x, {bound['binds']} binds)")
+        rows.append(["bound", _h(low), f"{ratio:.2f}x", f"{1.0:.2f}x", note])
     return text_table(columns, rows)
 
 
