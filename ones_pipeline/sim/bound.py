@@ -141,23 +141,7 @@ def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[flo
         fast_b.append(real_t)
         lean.append(best_g)
     # The progress axis: exact pieces where the truth says where its efficiency changes.
-    total = float(truth.total_progress)
-    changes = getattr(truth, "next_rate_change", None)
-    cuts = {0.0, total}
-    if changes is not None:
-        for b in set(actual) | set(fast_b):
-            p = 0.0
-            while True:
-                nxt = changes(p, b)
-                if nxt is None or not math.isfinite(nxt) or nxt >= total:
-                    break
-                cuts.add(float(nxt))
-                p = nxt
-        exact = True
-    else:
-        cuts.update(np.linspace(0.0, total, pieces + 1).tolist())
-        exact = False
-    cuts = sorted(cuts)
+    cuts, exact = progress_cuts(truth, set(actual) | set(fast_b), pieces)
     time_s = gpu_s = 0.0
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
         if hi <= lo:
@@ -168,6 +152,27 @@ def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[flo
         time_s += (hi - lo) / rate
         gpu_s += (hi - lo) / per_gpu
     return time_s, gpu_s
+
+
+def progress_cuts(truth, batches, pieces: int) -> tuple[list[float], bool]:
+    """Where a job's progress axis is cut into pieces of constant efficiency: every point at which the truth
+    says its efficiency changes at one of ``batches`` (``next_rate_change``; exact, True), else ``pieces``
+    equal pieces (False). Sorted, from 0 to the total progress."""
+    total = float(truth.total_progress)
+    changes = getattr(truth, "next_rate_change", None)
+    cuts = {0.0, total}
+    if changes is None:
+        cuts.update(np.linspace(0.0, total, pieces + 1).tolist())
+        return sorted(cuts), False
+    for b in batches:
+        p = 0.0
+        while True:
+            nxt = changes(p, b)
+            if nxt is None or not math.isfinite(nxt) or nxt >= total:
+                break
+            cuts.add(float(nxt))
+            p = nxt
+    return sorted(cuts), True
 
 
 def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig | None = None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _batch_grid, _config_rate, _placements
+from ones_pipeline.sim.bound import _batch_grid, _config_rate, _placements, progress_cuts
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.truth import SimJob
 
@@ -72,23 +72,10 @@ class Rates:
                         best[rated[0]] = rated[1]
             configs.append(sorted(best.items()))
         total = float(truth.total_progress)
-        changes = getattr(truth, "next_rate_change", None)
-        cuts = {0.0, total}
         distinct = sorted({b for c in configs for b, _ in c})
-        if changes is not None:
-            for b in distinct:
-                p = 0.0
-                while True:
-                    nxt = changes(p, b)
-                    if nxt is None or not math.isfinite(nxt) or nxt >= total:
-                        break
-                    cuts.add(float(nxt))
-                    p = nxt
-        else:
-            cuts.update(np.linspace(0.0, total, pieces + 1).tolist())
-        x = np.array(sorted(cuts))
+        cuts, exact = progress_cuts(truth, distinct, pieces)
+        x = np.array(cuts)
         x = x[np.concatenate(([True], np.diff(x) > 0))]
-        exact = changes is not None
         # Efficiency per distinct batch per piece: exact at the piece's middle, else the better end.
         at = [0.5 * (x[:-1] + x[1:])] if exact else [x[:-1], x[1:]]
         eff = {b: np.max([[truth.efficiency(float(p), b) for p in pts] for pts in at], axis=0) for b in distinct}

@@ -41,7 +41,7 @@ from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_req
 from ones_pipeline.core.types import JobSpec, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.placement import Placement, spec_to_json
-from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, Resizer
+from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, Resizer, kill_all
 from ones_pipeline.train.slurm_ranks import read_leader_exit
 from ones_pipeline.train.state_dir import check_state_dir
 
@@ -158,14 +158,6 @@ def _start_ranks(req: LaunchRequest, port: int, stop_file: Path, resize_dir: Pat
     return procs
 
 
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    for p in procs:
-        p.wait()
-
-
 def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -> int:
     """Run the job's processes to completion or until stopped; return the exit code (0 = finished or
     cleanly stopped with a checkpoint). ``on_event``: called with each progress event rank 0 reports
@@ -201,7 +193,7 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
                       and not killed_clean and not final):
                     # Rank 0's task stopped its rank before it trained: no checkpoint will be agreed on,
                     # so this task's ranks are stopped now too (nothing of theirs is lost).
-                    _kill(procs)
+                    kill_all(procs)
                     killed_clean.append(True)
             if on_event is not None:
                 on_event(row)
@@ -257,7 +249,7 @@ def _stop_before_training(req: LaunchRequest, procs: list[subprocess.Popen]) -> 
     could kill its rank while rank 0 agrees a checkpoint with it); the others follow its "stopped" event."""
     log.info("job %s: generation %d had not trained yet: stopping its processes now (nothing to checkpoint)",
              req.spec.name, req.allocation.generation)
-    _kill(procs)
+    kill_all(procs)
     if req.ranks is None or 0 in req.ranks:
         with open(Path(req.state_dir) / PROGRESS_FILE, "a") as fh:
             fh.write(json.dumps({"event": "stopped", "before_training": True, "samples": None, "epoch": None,
@@ -332,7 +324,7 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             stuck = [r for r, c in enumerate(codes) if c is None]
             log.warning("job %s: rank(s) %s still running %.0f s after rank 0 exited cleanly: killing them",
                         req.spec.name, stuck, req.grace_period_s)
-            _kill([procs[r] for r in stuck])
+            kill_all([procs[r] for r in stuck])
             return 0
         failed = [c for c in codes if c not in (None, 0)]
         if failed:
@@ -345,6 +337,6 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
         if deadline and time.monotonic() > deadline[0]:
             log.error("job %s: processes still running %.0f s after the stop request: killing them",
                       req.spec.name, req.grace_period_s)
-            _kill(procs)
+            kill_all(procs)
             return 1
         time.sleep(0.05)

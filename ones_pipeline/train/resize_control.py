@@ -250,11 +250,11 @@ class Resizer:
         is the one the new ranks start from."""
         ch = self._change
         ch["why"] = why
-        _kill(ch["newcomers"])
+        kill_all(ch["newcomers"])
         old = [m.proc for m in self.members]
         began = (self.dir / f"began-{ch['k']}").exists()
         if began or any(p.poll() is not None for p in old):
-            _kill(old)
+            kill_all(old)
             return self._restart("the checkpoint written as the change began" if began else "the last checkpoint")
         log.warning("job %s: in-place resize %d -> %d slots failed before the members paused (%s): stopping them "
                     "with a checkpoint", self.job, ch["old"], len(ch["slots"]), why)
@@ -266,7 +266,7 @@ class Resizer:
         old = [m.proc for m in self.members]
         if any(p.poll() is None for p in old) and time.monotonic() - ch["stopping"] < self.timeout_s:
             return
-        _kill(old)
+        kill_all(old)
         self.stop_file.unlink(missing_ok=True)
         self._restart("the checkpoint written as they stopped")
 
@@ -294,7 +294,8 @@ class Resizer:
                 self._leavers.remove((p, since))
 
 
-def _kill(procs: Sequence[subprocess.Popen]) -> None:
+def kill_all(procs: Sequence[subprocess.Popen]) -> None:
+    """SIGKILL every process of ``procs`` still running, then reap them all."""
     for p in procs:
         if p.poll() is None:
             p.kill()
