@@ -14,9 +14,9 @@ Printed per policy: mean JCT, makespan, restarts (generations beyond the first, 
 Dagster start -> its first training progress, mean), queued (its creation -> start, mean), the mean 1-min
 load average while it ran (the cores may be shared: a busy machine slows, and skews, every figure) and the
 ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying the specs and
-arrival offsets with each job's step time per GPU count measured live (``live_ab_figures``), per-job
+arrival offsets with each job's step time per GPU count measured live (``adapters.live_ab``), per-job
 JCTs live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
-Definitions: ``benchmarks/live_ab_figures.py``.
+Definitions: ``ones_pipeline/adapters/live_ab.py``.
 
 Exit status 1 when a run does not finish within ``--timeout`` s (or fails); the other policies still run,
 and the figures (and ``--json``) of those that finished are written. Every draw comes from
@@ -47,7 +47,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from live_ab_figures import (
+
+from ones_pipeline import reporting
+from ones_pipeline.adapters.live_ab import (
     live_figures,
     pooled_step_times,
     ratios_to,
@@ -56,8 +58,6 @@ from live_ab_figures import (
     simulate_policies,
     wall_rate,
 )
-
-from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob
 from ones_pipeline.config import EnvConfig, load_env, parse_job_spec
 from ones_pipeline.core.types import JobSpec

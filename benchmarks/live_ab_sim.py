@@ -2,7 +2,7 @@
 
 ``benchmarks/live_ab.py --json OUT`` records the mix (specs, arrival offsets), each job's step times as
 measured live and the start-up cost; this script rebuilds the same simulation as the benchmark's own
-prediction (``live_ab_figures.sim_workload``: one node of 2 slots, a round every 5 s, noise scale hidden)
+prediction (``adapters.live_ab.sim_workload``: one node of 2 slots, a round every 5 s, noise scale hidden)
 and prints mean JCT, makespan, restarts and per-job JCT for each policy, with ``--ones`` options for
 ``ones`` (e.g. ``'{"restart_cost_fraction": 0}'``), so a policy change can be checked against that mix.
 ``ones`` runs as a live project runs it: the live churn charge (``scheduler.settings.live_policy_params``)
@@ -17,8 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from live_ab_figures import LiveViews, sim_figures, sim_workload
-
+from ones_pipeline.adapters.live_ab import LiveViews, sim_figures, sim_workload
 from ones_pipeline.config import parse_job_spec
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster

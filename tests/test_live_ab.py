@@ -1,5 +1,5 @@
-"""``benchmarks/live_ab_figures.py``: the live A/B's figures from fabricated run records, and its simulator
-prediction on a hand-checkable mix (no Dagster, no training)."""
+"""``adapters.live_ab`` (``benchmarks/live_ab.py``'s definitions): the live A/B's figures from fabricated run
+records, and its simulator prediction on a hand-checkable mix (no Dagster, no training)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from live_ab_figures import (  # noqa: E402
+from ones_pipeline.adapters.live_ab import (
     first_progress_s,
     live_figures,
     pooled_step_times,
@@ -22,11 +20,14 @@ from live_ab_figures import (  # noqa: E402
     step_time_at,
     wall_rate,
 )
+from ones_pipeline.adapters.live_report import FinishedJob
+from ones_pipeline.config import parse_job_spec
+from ones_pipeline.core.types import ThroughputObs
+from ones_pipeline.scheduler.runs import RunInfo
 
-from ones_pipeline.adapters.live_report import FinishedJob  # noqa: E402
-from ones_pipeline.config import parse_job_spec  # noqa: E402
-from ones_pipeline.core.types import ThroughputObs  # noqa: E402
-from ones_pipeline.scheduler.runs import RunInfo  # noqa: E402
+# The tests of the scripts themselves (live_ab.py's arguments and loop, live_ab_sim.py's main) import them from
+# their folder; their definitions are in the package (adapters.live_ab).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def _run(job, gen, slots, created, start, end, status="SUCCESS"):

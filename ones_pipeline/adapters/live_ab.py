@@ -1,4 +1,4 @@
-"""The figures of ``live_ab.py`` and its simulator prediction, as pure functions of plain records.
+"""The live A/B's figures (``benchmarks/live_ab.py``) and its simulator prediction, as pure functions of plain records.
 
 Live (per policy): mean JCT and makespan as the live cluster report defines them
 (``adapters.live_report.job_metrics``: finish - submit, submit = the first tick that saw the spec file;
