@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule, lr_for_batch
+from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 
 def free_mask(cluster: Cluster, taken: Iterable[int] = ()) -> np.ndarray:
@@ -68,15 +68,13 @@ def keep_or_place(cluster: Cluster, free: np.ndarray, n: int, current: Sequence[
 
 
 def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
-                 held: Mapping[str, Sequence[int]], consolidate: bool = False) -> dict[str, tuple[int, ...]]:
+                 held: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
     """Concrete GPUs for ``(job, count)`` pairs, moving as few running jobs as possible.
 
     ``held`` maps a job to the GPUs it holds now (a valid schedule: no GPU twice). Jobs keeping their
     count keep their GPUs; shrinking jobs keep a subset (on their fullest nodes); the rest, largest
     first (ties in the given order), keep what they hold and add GPUs nearby, or are placed on as few
     nodes as possible. A job that finds no room (only when counts exceed the cluster) is left out.
-    With ``consolidate``, a growing job (it restarts anyway) moves to a fresh placement when that spans
-    fewer nodes than growing around what it holds; no other job moves for it.
     """
     node_of = cluster.node_of
     out: dict[str, tuple[int, ...]] = {}
@@ -100,37 +98,26 @@ def place_counts(cluster: Cluster, wanted: Sequence[tuple[str, int]],
         gpus = place_consolidated(cluster, free, n, prefer=[g for g in held.get(name, ()) if free[g]])
         if gpus is None:
             continue
-        if consolidate and held.get(name):
-            fresh = place_consolidated(cluster, free, n)
-            if fresh is not None and len(cluster.placement(fresh)) < len(cluster.placement(gpus)):
-                gpus = fresh
         out[name] = tuple(gpus)
         free[gpus] = False
     return out
 
 
 def schedule_from_counts(cluster: Cluster, jobs: Sequence[JobView], counts: np.ndarray, current: Schedule,
-                         order: Sequence[int], batches: np.ndarray | None = None,
-                         consolidate: bool = False) -> Schedule:
+                         order: Sequence[int]) -> Schedule:
     """The schedule giving ``jobs[i]`` ``counts[i]`` GPUs (``counts`` (J,)), placed in ``order`` (job indices)
-    by ``place_counts`` (``consolidate``: see there).
+    by ``place_counts``.
 
     A job whose GPUs are unchanged keeps its allocation (a batch change alone would cost a restart); the
-    others get the global batch ``batches[i, n]`` ((J, N+1) by GPU count ``n``) and its LR, or, without
-    ``batches``, the spec's batch/LR rule (``Allocation.for_spec``).
+    others get the spec's batch/LR rule (``Allocation.for_spec``).
     """
     wanted = [(jobs[i].name, int(counts[i])) for i in order]
-    gpus = place_counts(cluster, wanted, {j.name: current.gpus_of(j.name) for j in jobs}, consolidate)
+    gpus = place_counts(cluster, wanted, {j.name: current.gpus_of(j.name) for j in jobs})
     allocs = {}
-    for i, j in enumerate(jobs):
+    for j in jobs:
         if j.name not in gpus:
             continue
         old = current.allocations.get(j.name)
-        if old is not None and old.gpus == gpus[j.name]:
-            allocs[j.name] = old
-        elif batches is None:
-            allocs[j.name] = Allocation.for_spec(j.spec, gpus[j.name])
-        else:
-            batch = int(batches[i, len(gpus[j.name])])
-            allocs[j.name] = Allocation(j.name, gpus[j.name], batch, lr_for_batch(j.spec, batch))
+        allocs[j.name] = old if old is not None and old.gpus == gpus[j.name] else Allocation.for_spec(j.spec,
+                                                                                                     gpus[j.name])
     return Schedule(allocs)

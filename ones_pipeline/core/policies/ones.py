@@ -138,9 +138,6 @@ def _change_costs(c: OnesParams, table: np.ndarray, remaining: np.ndarray, cur: 
     so that long jobs are not resized round after round; a job with two minutes left that pays two minutes
     for any change is never moved for the short jobs queued behind it (seen in the live A/B mix: ones kept a
     long job on both slots while five short ones queued, 1.57x fifo's mean JCT in the simulator)."""
-    full = np.full(len(cur), c.restart_cost_s)
-    if c.restart_cost_fraction <= 0:
-        return full
     n = np.where(cur > 0, cur, np.maximum(need, 1))
     rate = table[np.arange(len(cur)), np.minimum(n, table.shape[1] - 1)]
     rate = np.where((cur > 0) & (cur_rate > 0), cur_rate, rate)
@@ -189,7 +186,7 @@ class OnesPolicy(PolicyBase):
         best = pop[int(np.argmin(fit))]
         self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
                            for i, j in enumerate(jobs) if best[i] != ctx.cur[i] or j.name in self.changed_at}
-        schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best), None, False)
+        schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best))
         return tuned_schedule(cluster, started, schedule, current, self._fits)
 
     def context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, now_s: float) -> OnesContext:
