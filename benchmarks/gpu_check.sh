@@ -83,8 +83,7 @@ WORK_S="${LIVE_AB_WORK_S:-100}"
 if [ "$WORK_S" != "0" ]; then
   SCALE="$("$PY" - "$URI" "$WORK_S" <<'PY' || echo 0.3
 import sys
-sys.path.insert(0, "benchmarks")
-from live_ab import GPU_TEMPLATES
+from ones_pipeline.adapters.live_ab import GPU_TEMPLATES
 from ones_pipeline.adapters.mlflow import read_progress
 rate = read_progress(sys.argv[1], "ones", ["gpu-r18-128"])["gpu-r18-128"].metrics.get("samples_per_s") or 1000.0
 samples = sum((lo + hi) / 2 for _, _, _, (lo, hi), _ in GPU_TEMPLATES[:4])  # the 4-job mix at --scale 1

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +49,17 @@ import yaml
 
 from ones_pipeline import reporting
 from ones_pipeline.adapters.live_ab import (
+    CPU_SLOTS,
+    GPU_TEMPLATES,
+    TEMPLATES,
+    MixJob,
+    draw_mix,
+    gpu_slots,
+    live_env,
     live_figures,
     pooled_step_times,
     ratios_to,
+    run_each,
     run_timings,
     sim_workload,
     simulate_policies,
@@ -64,55 +71,9 @@ from ones_pipeline.core.types import JobSpec
 from ones_pipeline.scheduler.settings import live_policy_params
 
 ONES = str(Path(sys.executable).parent / "ones")
-SLOTS = 2
+SLOTS = CPU_SLOTS  # the GPUs found with --gpu
+GPU = False  # --gpu: the cluster finds its GPUs (gpus: auto)
 TICK_S = 5
-ENV = {"cluster": {"gpus": "none", "cpu_slots": SLOTS}, "launcher": {"grace_period_s": 20},
-       "scheduler": {"tick_interval_s": TICK_S, "decision_budget_s": 1.0}}
-# The mix, in arrival order: (model, per-GPU batch, stopping field, (low, high) of its length, (low, high)
-# of the gap to the previous arrival in s). The first is the longest job. About 10 slot-minutes on idle cores
-# at --scale 1.
-TEMPLATES = (
-    ("resnet18-cifar-synthetic", 32, "samples", (8000, 9000), (0, 0)),
-    ("cnn-digits", 32, "epochs", (120, 160), (10, 20)),
-    ("mlp-digits", 32, "epochs", (80, 110), (20, 30)),
-    ("resnet18-cifar-synthetic", 32, "samples", (3000, 4000), (20, 30)),
-    ("cnn-digits", 16, "epochs", (150, 200), (20, 30)),
-    ("mlp-digits", 64, "epochs", (60, 90), (20, 30)),
-    ("cnn-digits", 32, "epochs", (80, 120), (15, 25)),
-    ("resnet18-cifar-synthetic", 32, "samples", (2500, 3500), (15, 25)),
-)
-LR = {"resnet18-cifar-synthetic": (0.02, 0.08), "cnn-digits": (0.02, 0.08), "mlp-digits": (0.05, 0.2)}
-# --gpu: the same shapes, every job ResNet-18 on synthetic CIFAR at per-GPU batch 128, lengths in samples for
-# a device that trains about 1000 samples/s at --scale 1 (benchmarks/gpu_check.sh sets --scale from the rate it
-# measured first).
-GPU_TEMPLATES = tuple(("resnet18-cifar-synthetic", 128, "samples", length, gap) for length, gap in (
-    ((180_000, 200_000), (0, 0)), ((60_000, 80_000), (10, 20)), ((40_000, 55_000), (20, 30)),
-    ((50_000, 70_000), (20, 30)), ((70_000, 90_000), (20, 30)), ((30_000, 45_000), (20, 30)),
-    ((45_000, 60_000), (15, 25)), ((40_000, 55_000), (15, 25))))
-
-
-@dataclass(frozen=True)
-class MixJob:
-    spec: dict  # the YAML of the spec
-    offset_s: float  # after the first job's start decision
-
-    @property
-    def name(self) -> str:
-        return self.spec["name"]
-
-
-def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0, templates=TEMPLATES) -> list[MixJob]:
-    """The first ``n`` templates with lengths and arrival gaps drawn uniformly from their ranges, lengths
-    times ``scale``."""
-    mix, offset = [], 0.0
-    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(templates[:n]):
-        offset += float(rng.integers(g_lo, g_hi + 1))
-        length = max(int(round(int(rng.integers(lo, hi + 1)) * scale)), 1)
-        base_lr, max_lr = LR[model]
-        spec = {"name": f"j{i}-{model.split('-')[0]}", "model": model, "per_gpu_batch": batch, "base_lr": base_lr,
-                "max_lr": max_lr, "requested_gpus": 1, "max_gpus": SLOTS, "stopping": {field: length}}
-        mix.append(MixJob(spec, offset))
-    return mix
 
 
 def parsed(job: MixJob) -> JobSpec:
@@ -128,7 +89,7 @@ class LiveRun:
         self.project, self.policy, self.mix, self.timeout_s = root / policy, policy, mix, timeout_s
         (self.project / "resources").mkdir(parents=True)
         (self.project / "assets" / "jobs").mkdir(parents=True)
-        env = {**ENV, "policy": {"name": policy, "seed": seed, "params": dict(params or {})}}
+        env = live_env(policy, seed, params, SLOTS, GPU, TICK_S)
         (self.project / "resources" / "local.yaml").write_text(yaml.safe_dump(env))
         self.env: EnvConfig = load_env(self.project)
         self.log_path = self.project / "ones-run.log"
@@ -372,37 +333,15 @@ def report(args, mix, results, walls) -> dict:
             "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()}}
 
 
-def use_gpus() -> str:
-    """Switch the module to the GPU path (``--gpu``): ``SLOTS`` the GPUs found, the cluster ``gpus: auto``.
-    Returns what was found, in words."""
-    global SLOTS
-    from ones_pipeline.adapters.inventory import discover
-
-    inv = discover()
-    if inv.gpus:
-        SLOTS = len(inv.gpus)
-    ENV["cluster"] = {"gpus": "auto", "cpu_slots": SLOTS}
-    return f"{len(inv.gpus)} GPU(s): {inv.reason}" if inv.gpus else f"no GPU ({inv.reason}): {SLOTS} CPU slots"
-
-
-def run_each(policies: list[str], one) -> tuple[dict, dict, dict]:
-    """Run ``one(policy) -> (ok, wall_s, why, result)`` for every policy, whatever another's outcome:
-    ``(results of those that finished, their wall seconds, why each other one failed)``."""
-    results, walls, failed = {}, {}, {}
-    for policy in policies:
-        ok, wall, why, result = one(policy)
-        if ok:
-            results[policy], walls[policy] = result, wall
-        else:
-            failed[policy] = why
-    return results, walls, failed
-
-
 def main(argv: list[str] | None = None) -> int:
+    global SLOTS, GPU
     args = parse_args(argv)
     if args.gpu:
-        print("GPU path:", use_gpus(), flush=True)
-    mix = draw_mix(args.jobs, np.random.default_rng(args.seed), args.scale, GPU_TEMPLATES if args.gpu else TEMPLATES)
+        SLOTS, found = gpu_slots()
+        GPU = True
+        print("GPU path:", found, flush=True)
+    mix = draw_mix(args.jobs, np.random.default_rng(args.seed), args.scale, GPU_TEMPLATES if args.gpu else TEMPLATES,
+                   SLOTS)
     root = Path(tempfile.mkdtemp(prefix="ones-live-ab-"))
     print(f"live A/B: {', '.join(args.policies)}; {len(mix)} jobs: "
           + ", ".join(f"{j.name} {next(iter(j.spec['stopping'].values()))} at +{j.offset_s:.0f} s" for j in mix)

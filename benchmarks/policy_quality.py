@@ -36,12 +36,12 @@ from pathlib import Path
 import numpy as np
 from ones_options import ones_options  # same folder (the script's folder is on sys.path)
 
+from ones_pipeline import bench_workloads
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.reporting import keep_tight_bound, kept_section, per_load_table, plot_jct_cdf, with_section
 from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.engine import SimConfig
-from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.report import host, summarise
 from ones_pipeline.sim.runner import ALL_POLICIES, WorkloadSpec, run_one
 
@@ -56,24 +56,8 @@ DEFAULT_WORKLOADS = ("1", "2", "3", "4", "5", "6", "7", "8", "ones50", "ones400"
 
 
 def workloads(selected: list[str]) -> dict[str, WorkloadSpec]:
-    """Workloads by token: ``N`` (Pollux workload-N at load 1.0, packaged), ``0.5:N`` / ``1.5:N`` (the
-    Pollux authors' load variants in ``../shared``, workloads 1-8), ``L:N`` for another load ``L``
-    (``synthetic_load``), ``ones50`` / ``ones400`` (the ONES trace)."""
-    out = {}
-    for w in selected:
-        load, _, n = w.rpartition(":")
-        if w == "ones50":
-            out["ones-trace-50"] = WorkloadSpec(TRACES / "ones_sc21" / "trace_1.csv", "ones", max_jobs=50)
-        elif w == "ones400":
-            out["ones-trace-400"] = WorkloadSpec(TRACES / "ones_sc21" / "trace_1.csv", "ones")
-        elif not load or float(load) == 1.0:
-            out[f"workload-{n}"] = WorkloadSpec(workload_path(f"pollux:workload-{n}"), "pollux")
-        elif load in ("0.5", "1.5"):
-            out[f"workload-{n}@{load}"] = WorkloadSpec(TRACES / "pollux" / f"workloads-{load}" / f"workload-{n}.csv",
-                                                       "pollux")
-        else:
-            out[f"workload-{n}@{load}"] = WorkloadSpec(synthetic_load(float(load), int(n)), "pollux")
-    return out
+    """Workloads by token (``ones_pipeline.bench_workloads``), the traces from ``TRACES``."""
+    return bench_workloads.workloads(selected, TRACES, CACHE)
 
 
 def checked_workloads(parser, selected: list[str], flag: str) -> dict[str, WorkloadSpec]:
@@ -81,35 +65,11 @@ def checked_workloads(parser, selected: list[str], flag: str) -> dict[str, Workl
     try:
         return workloads(selected)
     except (ValueError, KeyError) as exc:
-        parser.error(f"{flag}: {exc} (tokens: 1-8, 0.5:N, 1.5:N, L:N, ones50, ones400)")
-
-
-def synthetic_load(load: float, n: int) -> Path:
-    """A Pollux workload at a load the authors did not publish, written under ``out/policy_quality/loads``:
-    workload-n at load 1.0 with each job kept with probability ``load`` (below 1), or all of it plus each
-    job of workload-(n mod 8 + 1) with probability ``load - 1`` (above 1, at most 2), renamed so that
-    names stay unique. Same 8-hour arrival window; draws from ``numpy.random.default_rng(n)``."""
-    import pandas as pd
-
-    if not 0.0 < load <= 2.0:
-        raise SystemExit(f"policy_quality: load {load} must be in (0, 2]")
-    rng = np.random.default_rng(n)
-    base = pd.read_csv(workload_path(f"pollux:workload-{n}"))
-    if load < 1.0:
-        df = base[rng.random(len(base)) < load]
-    else:
-        extra = pd.read_csv(workload_path(f"pollux:workload-{n % 8 + 1}"))
-        extra = extra[rng.random(len(extra)) < load - 1.0].copy()
-        extra["name"] = extra["name"] + "-b"
-        df = pd.concat([base, extra]).sort_values("time", kind="stable")
-    path = CACHE / "loads" / f"workload-{n}@{load:g}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
-    return path
+        parser.error(f"{flag}: {exc} (tokens: {bench_workloads.TOKENS})")
 
 
 def _config() -> SimConfig:
-    return SimConfig(interval_s=60.0, restart_cost_s=30.0)
+    return bench_workloads.sim_config()
 
 
 def _job(args):
@@ -122,21 +82,7 @@ def _job(args):
     return label, policy, record
 
 
-def code_digest(policy: str) -> str:
-    """A digest of the code and packaged data a simulation of ``policy`` runs on: ``ones_pipeline/sim``,
-    ``ones_pipeline/data`` and ``ones_pipeline/core`` except the other policies' modules (a policy's own
-    modules are those named after it: ``ones`` -> ``ones.py``, ``ones_fitness.py``, ...). A cached record
-    made by other code is stale and simulated again."""
-    pkg = ROOT / "ones_pipeline"
-    own = policy.replace("-", "_")
-    files = [f for d in ("core", "sim", "data") for f in sorted((pkg / d).rglob("*")) if f.is_file()
-             and "__pycache__" not in f.parts]
-    files = [f for f in files if f.parent != pkg / "core" / "policies" or f.stem.startswith(own)
-             or f.stem in ("__init__", "base", "common")]
-    h = hashlib.sha1()
-    for f in files:
-        h.update(str(f.relative_to(pkg)).encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
+code_digest = bench_workloads.code_digest
 
 
 def _cache_path(label: str, policy: str, seed: int, params: dict | None = None) -> Path:

@@ -3,17 +3,26 @@ records, and its simulator prediction on a hand-checkable mix (no Dagster, no tr
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import yaml
 
 from ones_pipeline.adapters.live_ab import (
+    GPU_TEMPLATES,
+    draw_mix,
     first_progress_s,
+    gpu_slots,
+    live_env,
     live_figures,
     pooled_step_times,
     ratios_to,
+    run_each,
     run_timings,
     sim_workload,
     simulate_policies,
@@ -21,13 +30,12 @@ from ones_pipeline.adapters.live_ab import (
     wall_rate,
 )
 from ones_pipeline.adapters.live_report import FinishedJob
-from ones_pipeline.config import parse_job_spec
+from ones_pipeline.config import load_env, parse_job_spec
 from ones_pipeline.core.types import ThroughputObs
 from ones_pipeline.scheduler.runs import RunInfo
 
-# The tests of the scripts themselves (live_ab.py's arguments and loop, live_ab_sim.py's main) import them from
-# their folder; their definitions are in the package (adapters.live_ab).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# The scripts themselves (live_ab.py's arguments, live_ab_sim.py) are run as a user runs them.
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def _run(job, gen, slots, created, start, end, status="SUCCESS"):
@@ -105,44 +113,46 @@ def test_simulated_mix_by_hand():
     assert out["restarts"] == 0
 
 
-def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_path, capsys):
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    """``benchmarks/<name>`` run as a user runs it."""
+    return subprocess.run([sys.executable, str(BENCHMARKS / name), *args], capture_output=True, text=True,
+                          timeout=300, cwd=BENCHMARKS.parent)
+
+
+def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_path):
     """``live_ab_sim.py`` rebuilds the by-hand mix above from a ``live_ab.py --json`` record: the same
     figures (fifo: both jobs 110 s, makespan 160 s), and ``--ones`` options reach the ones policy."""
-    import json
-
-    from live_ab_sim import main
-
     spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
             "stopping": {"samples": 3200}}
     record = {"mix": [{"spec": {**spec, "name": name}, "offset_s": at} for name, at in (("a", 0.0), ("b", 50.0))],
               "step_times": {"a": {"1x32": 1.0}, "b": {"1x32": 1.0}}, "restart_cost_s": 10.0}
     (tmp_path / "ab.json").write_text(json.dumps(record))
-    main([str(tmp_path / "ab.json"), "--policies", "fifo"])
-    assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="restart_cost_fraction"):
-        main([str(tmp_path / "ab.json"), "--policies", "ones", "--ones", '{"restart_cost_fraction": -1}'])
+    done = _script("live_ab_sim.py", str(tmp_path / "ab.json"), "--policies", "fifo")
+    assert done.returncode == 0, done.stderr
+    assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in done.stdout
+    bad = _script("live_ab_sim.py", str(tmp_path / "ab.json"), "--policies", "ones", "--ones",
+                  '{"restart_cost_fraction": -1}')
+    assert bad.returncode != 0 and "restart_cost_fraction" in bad.stderr
 
 
-def test_ones_options_reach_the_live_project_and_the_prediction(tmp_path, capsys):
-    """``live_ab.py --ones-params``: the JSON object becomes the ones project's ``policy.params`` (and no other
-    policy's), and the simulator's prediction builds ``ones`` with it; bad input is refused by name."""
-    import live_ab
-    import numpy as np
-    import yaml
+def test_live_ab_refuses_bad_ones_options_by_name():
+    """``live_ab.py --ones-params`` that is not a JSON object ends the script with one line naming the flag,
+    before anything runs."""
+    for bad, why in (('{"restart_cost_s": ', "--ones-params is not JSON"),
+                     ("[1]", "--ones-params must be a JSON object")):
+        done = _script("live_ab.py", "--ones-params", bad)
+        assert done.returncode == 2 and why in done.stderr, done.stderr
 
-    args = live_ab.parse_args(["--policies", "fifo,ones", "--ones-params", '{"restart_cost_s": 10}'])
-    assert args.ones_params == {"restart_cost_s": 10}
-    refused = (('{"restart_cost_s": ', "--ones-params is not JSON"), ("[1]", "--ones-params must be a JSON object"))
-    for bad, why in refused:
-        with pytest.raises(SystemExit):
-            live_ab.parse_args(["--ones-params", bad])
-        assert why in capsys.readouterr().err
-    mix = live_ab.draw_mix(2, np.random.default_rng(0), 0.1, live_ab.TEMPLATES)
-    ones = live_ab.LiveRun(tmp_path, "ones", 0, mix, 60.0, args.ones_params)
-    fifo = live_ab.LiveRun(tmp_path, "fifo", 0, mix, 60.0, None)
-    assert yaml.safe_load((ones.project / "resources" / "local.yaml").read_text())["policy"]["params"] == {
-        "restart_cost_s": 10}
-    assert yaml.safe_load((fifo.project / "resources" / "local.yaml").read_text())["policy"]["params"] == {}
+
+def test_ones_options_reach_the_ones_project_and_the_prediction(tmp_path):
+    """The ``--ones-params`` object becomes the ones project's ``policy.params`` (and no other policy's), and
+    the simulator's prediction builds ``ones`` with it; bad options are refused by name."""
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text(yaml.safe_dump(live_env("ones", 0, {"restart_cost_s": 10})))
+    env = load_env(tmp_path)  # a project the pipeline accepts, with the options as the policy's
+    assert env.policy.name == "ones" and env.policy.params == {"restart_cost_s": 10}
+    assert live_env("fifo", 0, None)["policy"]["params"] == {}
+    assert live_env("fifo", 0, None)["cluster"] == {"gpus": "none", "cpu_slots": 2}
     spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
             "stopping": {"samples": 3200}}
     specs = [parse_job_spec(spec, "a", default_name="a")]
@@ -153,37 +163,29 @@ def test_ones_options_reach_the_live_project_and_the_prediction(tmp_path, capsys
         "makespan_s"] == pytest.approx(110.0)
 
 
-def test_the_gpu_mix_is_all_resnet18_and_falls_back_to_cpu_slots_without_a_gpu(monkeypatch):
-    import live_ab
-    import numpy as np
-
-    monkeypatch.setattr(live_ab, "ENV", {**live_ab.ENV, "cluster": dict(live_ab.ENV["cluster"])})
-    monkeypatch.setattr(live_ab, "SLOTS", live_ab.SLOTS)
-    args = live_ab.parse_args(["--gpu", "--jobs", "4", "--scale", "0.5"])
-    assert args.gpu
-    mix = live_ab.draw_mix(args.jobs, np.random.default_rng(0), args.scale, live_ab.GPU_TEMPLATES)
+def test_the_gpu_mix_is_all_resnet18_and_falls_back_to_cpu_slots_without_a_gpu():
+    slots, found = gpu_slots()
+    mix = draw_mix(4, np.random.default_rng(0), 0.5, GPU_TEMPLATES, slots)
     assert [j.spec["model"] for j in mix] == ["resnet18-cifar-synthetic"] * 4
     assert all(j.spec["per_gpu_batch"] == 128 and "samples" in j.spec["stopping"] for j in mix)
+    assert all(j.spec["max_gpus"] == slots for j in mix)
     first = mix[0].spec["stopping"]["samples"]
     assert 90_000 <= first <= 100_000 and first == max(j.spec["stopping"]["samples"] for j in mix)
     assert [j.offset_s for j in mix] == sorted(j.offset_s for j in mix) and mix[0].offset_s == 0
-    found = live_ab.use_gpus()
-    assert live_ab.ENV["cluster"]["gpus"] == "auto"
+    assert live_env("ones", 0, None, slots, gpus=True)["cluster"] == {"gpus": "auto", "cpu_slots": slots}
     if "no GPU" in found:  # this machine: the configured CPU slots, as the CPU benchmark has
-        assert live_ab.SLOTS == 2 and live_ab.ENV["cluster"]["cpu_slots"] == 2
+        assert slots == 2
 
 
 def test_a_failed_policy_leaves_the_others_measured():
     """Issue 40: live_ab.py wrote no figures at all when one policy failed (the daemon's start-up race)."""
-    import live_ab
-
     ran = []
 
     def one(policy):
         ran.append(policy)
         return (policy != "ones", 10.0, "ones run exited 1" if policy == "ones" else "", {"figures": policy})
 
-    results, walls, failed = live_ab.run_each(["fifo", "ones", "pollux"], one)
+    results, walls, failed = run_each(["fifo", "ones", "pollux"], one)
     assert ran == ["fifo", "ones", "pollux"]  # the failure stopped nothing after it
     assert results == {"fifo": {"figures": "fifo"}, "pollux": {"figures": "pollux"}}
     assert walls == {"fifo": 10.0, "pollux": 10.0} and failed == {"ones": "ones run exited 1"}

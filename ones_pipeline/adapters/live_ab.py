@@ -15,6 +15,9 @@ job's step time per GPU count is the median its live runs measured (MLflow ``ste
 pooled over every policy's run of the job), statistical efficiency 1 (the stopping rules count samples),
 and every start or change costs the live runs' mean creation -> first progress. ``LiveViews`` hides the
 noise scale from the policy, as the live sensor does (it does not read ``grad_noise_scale`` from MLflow).
+
+The mix (``draw_mix``), each policy's project settings (``live_env``) and the run-every-policy loop
+(``run_each``) are here too, so that the script keeps only what drives Dagster and prints.
 """
 
 from __future__ import annotations
@@ -33,8 +36,88 @@ from ones_pipeline.scheduler.runs import RunInfo
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
 
+# The mix, in arrival order: (model, per-GPU batch, stopping field, (low, high) of its length, (low, high)
+# of the gap to the previous arrival in s). The first is the longest job. About 10 slot-minutes on idle cores
+# at scale 1.
+TEMPLATES = (
+    ("resnet18-cifar-synthetic", 32, "samples", (8000, 9000), (0, 0)),
+    ("cnn-digits", 32, "epochs", (120, 160), (10, 20)),
+    ("mlp-digits", 32, "epochs", (80, 110), (20, 30)),
+    ("resnet18-cifar-synthetic", 32, "samples", (3000, 4000), (20, 30)),
+    ("cnn-digits", 16, "epochs", (150, 200), (20, 30)),
+    ("mlp-digits", 64, "epochs", (60, 90), (20, 30)),
+    ("cnn-digits", 32, "epochs", (80, 120), (15, 25)),
+    ("resnet18-cifar-synthetic", 32, "samples", (2500, 3500), (15, 25)),
+)
+LR = {"resnet18-cifar-synthetic": (0.02, 0.08), "cnn-digits": (0.02, 0.08), "mlp-digits": (0.05, 0.2)}
+# The GPU path: the same shapes, every job ResNet-18 on synthetic CIFAR at per-GPU batch 128, lengths in samples
+# for a device that trains about 1000 samples/s at scale 1 (benchmarks/gpu_check.sh sets --scale from the rate
+# it measured first).
+GPU_TEMPLATES = tuple(("resnet18-cifar-synthetic", 128, "samples", length, gap) for length, gap in (
+    ((180_000, 200_000), (0, 0)), ((60_000, 80_000), (10, 20)), ((40_000, 55_000), (20, 30)),
+    ((50_000, 70_000), (20, 30)), ((70_000, 90_000), (20, 30)), ((30_000, 45_000), (20, 30)),
+    ((45_000, 60_000), (15, 25)), ((40_000, 55_000), (15, 25))))
+CPU_SLOTS = 2  # the CPU benchmark's slots
 # (unix seconds, samples, samples_per_s or None) of one job's MLflow points, in logging order.
 Point = tuple[float, float, "float | None"]
+
+
+@dataclass(frozen=True)
+class MixJob:
+    spec: dict  # the YAML of the spec
+    offset_s: float  # after the first job's start decision
+
+    @property
+    def name(self) -> str:
+        return self.spec["name"]
+
+
+def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0, templates=TEMPLATES,
+             slots: int = CPU_SLOTS) -> list[MixJob]:
+    """The first ``n`` templates with lengths and arrival gaps drawn uniformly from their ranges, lengths
+    times ``scale``; every job may grow to ``slots``."""
+    mix, offset = [], 0.0
+    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(templates[:n]):
+        offset += float(rng.integers(g_lo, g_hi + 1))
+        length = max(int(round(int(rng.integers(lo, hi + 1)) * scale)), 1)
+        base_lr, max_lr = LR[model]
+        spec = {"name": f"j{i}-{model.split('-')[0]}", "model": model, "per_gpu_batch": batch, "base_lr": base_lr,
+                "max_lr": max_lr, "requested_gpus": 1, "max_gpus": slots, "stopping": {field: length}}
+        mix.append(MixJob(spec, offset))
+    return mix
+
+
+def live_env(policy: str, seed: int, params: Mapping | None, slots: int = CPU_SLOTS, gpus: bool = False,
+             tick_s: float = 5) -> dict:
+    """The ``resources/local.yaml`` of one policy's project: ``slots`` CPU slots (with ``gpus``: the GPUs
+    NVML finds, those slots without one), ticks every ``tick_s`` s, the policy with its ``seed`` and
+    ``params`` (the ones options reach the ones project only because only it is given them)."""
+    return {"cluster": {"gpus": "auto" if gpus else "none", "cpu_slots": slots}, "launcher": {"grace_period_s": 20},
+            "scheduler": {"tick_interval_s": tick_s, "decision_budget_s": 1.0},
+            "policy": {"name": policy, "seed": seed, "params": dict(params or {})}}
+
+
+def gpu_slots() -> tuple[int, str]:
+    """The GPU path's slots: the GPUs NVML finds, else ``CPU_SLOTS``; and what was found, in words."""
+    from ones_pipeline.adapters.inventory import discover
+
+    inv = discover()
+    if inv.gpus:
+        return len(inv.gpus), f"{len(inv.gpus)} GPU(s): {inv.reason}"
+    return CPU_SLOTS, f"no GPU ({inv.reason}): {CPU_SLOTS} CPU slots"
+
+
+def run_each(policies: Sequence[str], one) -> tuple[dict, dict, dict]:
+    """Run ``one(policy) -> (ok, wall_s, why, result)`` for every policy, whatever another's outcome:
+    ``(results of those that finished, their wall seconds, why each other one failed)``."""
+    results, walls, failed = {}, {}, {}
+    for policy in policies:
+        ok, wall, why, result = one(policy)
+        if ok:
+            results[policy], walls[policy] = result, wall
+        else:
+            failed[policy] = why
+    return results, walls, failed
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ total_workload`` is the fraction done; read by :func:`~ones_pipeline.sim.ones_hi
 damped Newton on the exact log-likelihood, deterministic, with digamma/trigamma/log-gamma implemented here
 in numpy. Rows are weighted so that every history job counts equally.
 
-``benchmarks/fit_progress_model.py`` refits the shipped ``progress_coefficients.json`` with this module and
+``benchmarks/research/fit_progress_model.py`` refits the shipped ``progress_coefficients.json`` with this module and
 prints its leave-one-job-out cross-validation (:func:`cross_validate`).
 """
 

@@ -22,7 +22,7 @@ so far). Before the first evaluation the prior total is ``prior_epochs_per_patie
 the median of ``total epochs / patience`` over the history jobs (stored in the JSON file).
 
 The fitted coefficients ship as ``progress_coefficients.json`` next to this module (regenerate and
-cross-validate with ``benchmarks/fit_progress_model.py``), so nothing outside the package is read at
+cross-validate with ``benchmarks/research/fit_progress_model.py``), so nothing outside the package is read at
 run time.
 """
 

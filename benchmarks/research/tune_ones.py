@@ -5,7 +5,7 @@ over ``--seeds`` policy seeds: the search is randomised, so single runs differ b
 geometric mean over the tuning and the held-out halves, so a setting that only fits some workloads
 shows up as such.
 
-    python benchmarks/tune_ones.py '{}' '{"horizon_s": 1200}' [--workloads 1,2,3,4,5,6,7,8,ones50]
+    python benchmarks/research/tune_ones.py '{}' '{"horizon_s": 1200}' [--workloads 1,2,3,4,5,6,7,8,ones50]
 """
 
 from __future__ import annotations
@@ -14,15 +14,19 @@ import argparse
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
-from policy_quality import workloads  # same folder (the script's folder is on sys.path)
 
-from ones_pipeline.core.types import Cluster
+from ones_pipeline.bench_workloads import CLUSTER, workloads
+from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.report import summarise
 from ones_pipeline.sim.runner import run_one
 
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
+CACHE = ROOT / "out" / "policy_quality"  # where a synthetic load's CSV is written
 TUNE, HOLD_OUT = {"workload-1", "workload-2", "workload-3", "workload-4"}, {"workload-5", "workload-6",
                                                                               "workload-7", "workload-8"}
 
@@ -33,7 +37,7 @@ def _geomean(xs: list[float]) -> float:
 
 def _run(args):
     label, spec, params, seed = args
-    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), seed, params)
+    res = run_one(spec, "ones", CLUSTER, SimConfig(), seed, params)
     return label, json.dumps(params, sort_keys=True), summarise(res)["mean_jct_s"]
 
 
@@ -44,7 +48,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seeds", type=int, default=1, help="average the mean JCT over seeds 0..N-1")
     args = parser.parse_args()
-    specs = workloads(args.workloads.split(","))
+    specs = workloads(args.workloads.split(","), TRACES, CACHE)
     settings = [json.loads(s) for s in args.settings]
     tasks = [(label, spec, params, seed) for params in settings for label, spec in specs.items()
              for seed in range(args.seeds)]

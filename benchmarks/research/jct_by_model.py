@@ -1,7 +1,8 @@
 """Mean JCT per model: where each policy's mean JCT goes, from the cached runs of ``policy_quality.py``.
 
 Default: over the chosen Pollux workloads (seed ``--seed``), per model, the number of jobs, the mean of each
-job's least time alone (``sim.bound``'s relaxation (a)), each policy's mean JCT, ``ones`` against
+job's least time alone (``sim.bound.lower_bound`` of the job alone: its relaxation (a), from the first round
+boundary, the first start's cost included), each policy's mean JCT, ``ones`` against
 ``pollux``, the model's share of ``ones``' summed JCT and what the model adds to ``ones``' mean minus
 ``pollux``'s (the per-model tables of the old experiment log: ``git show e8849ac:docs/ones_policy.md``). The
 runs must be cached (``out/policy_quality/``): run ``policy_quality.py`` for those workloads and policies first.
@@ -11,16 +12,16 @@ runs must be cached (``out/policy_quality/``): run ``policy_quality.py`` for tho
 first start, time paused after it (JCT less the wait and the time holding GPUs: preempted to zero GPUs),
 restarts, wall time holding GPUs, GPUs held on average and GPU-hours per job.
 
-    python benchmarks/jct_by_model.py [--workloads 1,2,3,4,5,6,7,8] [--policies pollux,sia,ones]
-    python benchmarks/jct_by_model.py --detail 0.5:4 --policies ones,pollux [--params '{...}']
+    python benchmarks/research/jct_by_model.py [--workloads 1,2,3,4,5,6,7,8] [--policies pollux,sia,ones]
+    python benchmarks/research/jct_by_model.py --detail 0.5:4 --policies ones,pollux [--params '{...}']
 
 ``--timeline M1,M2`` (with ``--detail``): also each job of those models, its submission, JCT and every change
-of its GPU count (hours since the start, GPUs). ``--scaling W``: per model of workload ``W``, its best
-goodput (over the batch grid of ``sim.bound``) at 1-64 GPUs relative to 1 GPU, at 10, 50 and 90 % of its
-progress: how close to linear each model scales, and when.
+of its GPU count (hours since the start, GPUs).
 
-    python benchmarks/jct_by_model.py --detail 1 --policies ones,pollux --timeline imagenet
-    python benchmarks/jct_by_model.py --scaling 1
+    python benchmarks/research/jct_by_model.py --detail 1 --policies ones,pollux --timeline imagenet
+
+(``--scaling W``, each model's best goodput at 1-64 GPUs relative to 1 GPU, was retired with the move to
+``benchmarks/research/``: it read ``sim.bound``'s private placement and batch-grid helpers.)
 """
 
 from __future__ import annotations
@@ -28,21 +29,24 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
-from policy_quality import CACHE, _config, code_digest, workloads  # same folder (the script's folder is on sys.path)
 
-from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _batch_grid, _config_rate, _per_job, _placements
+from ones_pipeline.bench_workloads import CLUSTER, code_digest, sim_config, workloads
+from ones_pipeline.config import traces_dir_from_environment
+from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.runner import run_one
 
-CLUSTER = Cluster.uniform(16, 4)
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = traces_dir_from_environment(ROOT.parent / "shared" / "traces")
+CACHE = ROOT / "out" / "policy_quality"  # benchmarks/policy_quality.py's cache
 
 
 def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
     jct: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     total = 0
-    for label, spec in workloads(tokens).items():
+    for label, spec in workloads(tokens, TRACES, CACHE).items():
         jobs = spec.load()
         total += len(jobs)
         runs = {}
@@ -54,7 +58,7 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
                                  f"--workloads {','.join(tokens)} --policies {','.join(policies)} --seed {seed} first")
             runs[p] = record["jct_s"]
         for i, job in enumerate(jobs):
-            jct[job.spec.model]["alone"].append(_per_job(job, CLUSTER, 24, 200)[0])
+            jct[job.spec.model]["alone"].append(lower_bound([job], CLUSTER, sim_config()).alone_s)
             for p in policies:
                 jct[job.spec.model][p].append(runs[p][i])
     ones_sum = sum(sum(v["ones"]) for v in jct.values()) if "ones" in policies else None
@@ -72,33 +76,10 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
         print("| " + " | ".join(row) + " |")
 
 
-def scaling(token: str) -> None:
-    (label, spec), = workloads([token]).items()
-    counts = (1, 2, 4, 8, 16, 32, 64)
-    placements = _placements(CLUSTER, max(counts))
-    print(f"{label}: best goodput at n GPUs / at 1 GPU, at 10 % | 50 % | 90 % of the progress; n = {counts}")
-    seen = set()
-    for job in spec.load():
-        if job.spec.model in seen:
-            continue
-        seen.add(job.spec.model)
-        truth, s = job.truth, job.spec
-        batches = sorted(_batch_grid(s, 24))
-        parts = []
-        for frac in (0.1, 0.5, 0.9):
-            at = frac * truth.total_progress
-            best = []
-            for n in counts:
-                rated = [r for r in (_config_rate(truth, placements[n - 1], b) for b in batches) if r is not None]
-                best.append(max([thr * truth.efficiency(at, total) for total, thr in rated], default=0.0))
-            parts.append(" ".join(f"{g / best[0]:5.1f}" for g in best))
-        print(f"  {s.model:12s} | " + " | ".join(parts))
-
-
 def detail(token: str, policies: list[str], params: dict, seed: int, timeline: list[str] | None = None) -> None:
-    (label, spec), = workloads([token]).items()
+    (label, spec), = workloads([token], TRACES, CACHE).items()
     for policy in policies:
-        res = run_one(spec, policy, CLUSTER, _config(), seed, params if policy == "ones" else {})
+        res = run_one(spec, policy, CLUSTER, sim_config(), seed, params if policy == "ones" else {})
         rows: dict[str, list[tuple]] = defaultdict(list)
         for j in res.jobs:
             rows[j.model].append((j.jct_s, j.wait_s, j.restarts, j.run_s, j.gpu_s / max(j.run_s, 1e-9),
@@ -128,12 +109,9 @@ def main() -> None:
     ap.add_argument("--detail", default=None, help="simulate this workload and print per-model details")
     ap.add_argument("--params", default="{}", help="JSON object of OnesPolicy options (with --detail)")
     ap.add_argument("--timeline", default="", help="models whose jobs' GPU counts to print (with --detail)")
-    ap.add_argument("--scaling", default=None, help="print how each model of this workload scales")
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
-    if args.scaling:
-        scaling(args.scaling)
-    elif args.detail:
+    if args.detail:
         detail(args.detail, policies, json.loads(args.params), args.seed,
                [m for m in args.timeline.split(",") if m])
     else:

@@ -1,6 +1,6 @@
 """Refit the remaining-work predictor and print its leave-one-job-out cross-validation.
 
-    .venv/bin/python benchmarks/fit_progress_model.py [--history PATH] [--trace PATH] [--out PATH] [--check]
+    .venv/bin/python benchmarks/research/fit_progress_model.py [--history PATH] [--trace PATH] [--out PATH] [--check]
 
 Fits the Beta regression of ``ones_pipeline.core.progress`` (``ones_pipeline.calibration.progress_fit``) on
 the ONES prototype's ``job_history.csv`` (targets and patience from ``trace_dev.csv``), writes
@@ -20,7 +20,7 @@ import numpy as np
 from ones_pipeline.calibration.progress_fit import cross_validate, fit_progress_model, load_history
 from ones_pipeline.core.progress import COEFFICIENTS_PATH, ProgressModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = ROOT.parent / "shared" / "traces" / "ones_sc21"
 
 
