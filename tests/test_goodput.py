@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ones_pipeline.core import goodput as gp
+from ones_pipeline.core import perf_fit as pf
 from ones_pipeline.core.efficiency import efficiency
 from ones_pipeline.core.types import (
     Allocation,
@@ -69,9 +70,9 @@ def _ref_objective(p: np.ndarray, k, n, b, log_compute, log_step, free: np.ndarr
     compute = ac + bc * b
     inter = k > 1
     intra = ~inter & (n > 1)
-    r = np.maximum(n - 2.0, gp._FLOOR)
-    alpha = np.where(inter, an, np.where(intra, ar, gp._FLOOR))
-    beta = np.where(inter, bn, np.where(intra, br, gp._FLOOR))
+    r = np.maximum(n - 2.0, pf._FLOOR)
+    alpha = np.where(inter, an, np.where(intra, ar, pf._FLOOR))
+    beta = np.where(inter, bn, np.where(intra, br, pf._FLOOR))
     net = alpha + beta * r
     lc, ln = np.log(compute), np.log(net)
     m = np.maximum(g * lc, g * ln)
@@ -111,15 +112,15 @@ def _ref_to_params(z: np.ndarray, fixed: np.ndarray, free: np.ndarray) -> np.nda
     p = fixed.copy()
     pos = free.copy()
     pos[6] = False
-    p[pos] = gp._FLOOR + np.exp(np.clip(z[pos], -40.0, 8.0))  # up to ~3000 s: far beyond any step time
+    p[pos] = pf._FLOOR + np.exp(np.clip(z[pos], -40.0, 8.0))  # up to ~3000 s: far beyond any step time
     if free[6]:
-        p[6] = 1.0 + (gp._GAMMA_MAX - 1.0) / (1.0 + np.exp(-np.clip(z[6], -40.0, 40.0)))
+        p[6] = 1.0 + (pf._GAMMA_MAX - 1.0) / (1.0 + np.exp(-np.clip(z[6], -40.0, 40.0)))
     return p
 
 
 def _ref_to_z(p: np.ndarray) -> np.ndarray:
-    z = np.log(np.maximum(p - gp._FLOOR, 1e-300))
-    frac = np.clip((p[6] - 1.0) / (gp._GAMMA_MAX - 1.0), 1e-9, 1 - 1e-9)
+    z = np.log(np.maximum(p - pf._FLOOR, 1e-300))
+    frac = np.clip((p[6] - 1.0) / (pf._GAMMA_MAX - 1.0), 1e-9, 1 - 1e-9)
     z[6] = np.log(frac / (1 - frac))
     return z
 
@@ -138,7 +139,7 @@ def reference_fit(observations: Sequence[ThroughputObs], max_iter: int = 60) -> 
     step = np.array([o.step_time_s for o in observations], dtype=float)
     compute = np.maximum(step - np.array([o.sync_time_s for o in observations], dtype=float), 1e-9)
     step = np.maximum(step, compute)
-    p0 = gp._INIT.copy()
+    p0 = pf._INIT.copy()
     free = np.ones(gp.N_PERF, dtype=bool)
     if len(np.unique(b)) == 1:  # one micro-batch size: split compute evenly into constant and slope
         p0[0] = float(np.mean(compute)) / 2.0
@@ -148,13 +149,13 @@ def reference_fit(observations: Sequence[ThroughputObs], max_iter: int = 60) -> 
         slope, icpt = np.polyfit(b, compute, 1)
         p0[0], p0[1] = max(float(icpt), 1e-4 * float(np.mean(compute))), max(float(slope), 1e-7)
     if not (k > 1).any():
-        p0[2:4] = gp._FLOOR
+        p0[2:4] = pf._FLOOR
         free[2:4] = False
     if not ((k == 1) & (n > 1)).any():
-        p0[4:6] = gp._FLOOR
+        p0[4:6] = pf._FLOOR
         free[4:6] = False
     if not (n > 2).any():
-        p0[[3, 5]] = gp._FLOOR
+        p0[[3, 5]] = pf._FLOOR
         free[[3, 5]] = False
     args = (k, n, b, np.log(compute), np.log(step), free)
     fixed = p0.copy()
@@ -165,8 +166,8 @@ def reference_fit(observations: Sequence[ThroughputObs], max_iter: int = 60) -> 
         p = _ref_to_params(zz, fixed, free)
         f, grad = _ref_objective(p, *args)
         # Chain rule through the coordinate maps.
-        dp = p - gp._FLOOR
-        dp[6] = (p[6] - 1.0) * (gp._GAMMA_MAX - p[6]) / (gp._GAMMA_MAX - 1.0)
+        dp = p - pf._FLOOR
+        dp[6] = (p[6] - 1.0) * (pf._GAMMA_MAX - p[6]) / (pf._GAMMA_MAX - 1.0)
         return f, grad * dp
 
     with np.errstate(all="ignore"):
@@ -292,13 +293,13 @@ def test_a_jobs_batched_fit_does_not_depend_on_its_batch(monkeypatch):
     assert np.array_equal(together, alone) and np.array_equal(together, reordered)
     assert np.array_equal(gp.fit_perf_params_many(sets[4:7] + sets[:1]), together[[4, 5, 6, 0]])
     # Nor on how many line-search steps a round tries.
-    monkeypatch.setattr(gp, "_TRIAL_CELLS", 0)
+    monkeypatch.setattr(pf, "_TRIAL_CELLS", 0)
     assert np.array_equal(gp.fit_perf_params_many(sets), together)
 
 
 def test_fit_many_fills_the_memo_that_fitted_reads():
     sets = [s[:-1] + (ThroughputObs(1, 1, 48, 0.123, 0.0),) for s in well_posed_sets()[:4]]
-    fits = gp.Fits()
+    fits = gp.GoodputModel()
     gp.fit_many(sets + [()], fits)
     assert set(fits.perf) == set(sets)
     for s in sets:
@@ -312,10 +313,8 @@ def test_fit_many_fills_the_memo_that_fitted_reads():
 
 
 def test_each_owner_keeps_its_own_fits_within_its_limit():
-    from ones_pipeline.core import estimates
-
     sets = [s[:-1] + (ThroughputObs(1, 1, 40 + k, 0.111, 0.0),) for k, s in enumerate(well_posed_sets()[:5])]
-    mine, yours = gp.Fits(limit=4), gp.Fits()
+    mine, yours = gp.GoodputModel(limit=4), gp.GoodputModel()
     for s in sets[:4]:
         gp.fitted(s, mine)
     assert len(mine.perf) == 4 and not yours.perf  # nothing shared through the module
@@ -323,9 +322,9 @@ def test_each_owner_keeps_its_own_fits_within_its_limit():
     assert list(mine.perf) == sets[3:] and np.array_equal(gp.fitted(sets[0], mine), gp.fit_perf_params(sets[0]))
     views = [JobView(spec=JobSpec(name=f"j{k}", model="m", dataset_size=1000, per_gpu_batch=32),
                      status=JobStatus.RUNNING, submit_time_s=0.0, throughput_obs=s) for k, s in enumerate(sets)]
-    a = estimates.fitted_params(views, fits=yours)
+    a = yours.prior(views)
     assert len(yours.linear) == 5 and not yours.perf
-    assert np.array_equal(a.as_array(), estimates.fitted_params(views).as_array())
+    assert np.array_equal(a.as_array(), gp.GoodputModel().prior(views).as_array())
 
 
 def test_split_rules():
@@ -466,6 +465,38 @@ def test_shared_obs_is_the_plain_tuple_as_a_key():
     assert shared == obs and hash(shared) == hash(obs) and hash(shared) == hash(shared)
     memo = {obs: 1}
     assert memo[shared] == 1 and obs_key(shared) is shared and obs_key(list(obs)) == obs
-    fits = gp.Fits()
+    fits = gp.GoodputModel()
     gp.fit_many([shared], fits)
     assert gp.fitted(obs, fits) is gp.fitted(shared, fits)
+
+
+def test_a_policy_values_jobs_by_the_goodput_model_it_is_given():
+    """``make_policy(name, model=...)``: ``ones``, ``pollux`` and ``sia`` value measured jobs by the model they are
+    given (an oracle experiment overrides its fits; no monkeypatching) and keep their fits in it. Here a model
+    whose all-reduce costs 100 s a step: no measured job is worth more than 1 GPU, so pollux and sia give each
+    one GPU (with the fitted model they scale some out), and ones' goodput table drops past 1 GPU."""
+    from ones_pipeline.core.policies import make_policy
+    from ones_pipeline.sim.synthetic import random_scheduler_state
+
+    class SlowNetwork(gp.GoodputModel):
+        def fitted(self, observations):
+            p = super().fitted(observations).copy()
+            p[2:6] = 100.0  # alpha_n, beta_n, alpha_r, beta_r
+            p.setflags(write=False)
+            return p
+
+    cluster, jobs, current = random_scheduler_state(np.random.default_rng(3), 6, 4, 4)
+    measured = {j.name for j in jobs if j.throughput_obs and j.grad_noise_scale is not None}
+    assert len(measured) >= 2
+    for name in ("pollux", "sia"):
+        counts = {}
+        for model in (gp.GoodputModel(), SlowNetwork()):
+            s = make_policy(name, seed=0, model=model).decide(3600.0, cluster, jobs, current)
+            counts[type(model).__name__] = {n: a.num_gpus for n, a in s.allocations.items() if n in measured}
+            assert len(model.perf) >= len(measured)  # the policy's fits are in the model it was given
+        assert max(counts["GoodputModel"].values()) > 1, counts
+        assert set(counts["SlowNetwork"].values()) == {1}, counts
+    for model, slower in ((gp.GoodputModel(), False), (SlowNetwork(), True)):
+        table = make_policy("ones", seed=0, model=model).context(cluster, jobs, current, 3600.0).table
+        rows = [i for i, j in enumerate(jobs) if j.name in measured]
+        assert (table[rows, 2:5].max(axis=1) < table[rows, 1]).all() == slower

@@ -8,7 +8,7 @@ import pytest
 
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policies import OnesPaperParams, OnesPaperPolicy, OnesParams, OnesPolicy, policy_from_dict
-from ones_pipeline.core.policies.ones_fitness import OnesContext
+from ones_pipeline.core.policies.ones_fitness import DecisionInputs, FitnessWeights, OnesContext
 from ones_pipeline.core.types import (
     Allocation,
     Cluster,
@@ -220,7 +220,7 @@ def test_the_chain_tail_favours_the_late_job_closest_to_done_and_values_a_job_al
     args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
             np.array([0.0, 0.0]), np.array([4, 4]))
     pop = np.array([[3, 1], [1, 3], [2, 2]])
-    chain = OnesContext(*args).fitness(pop)  # tail_chain_plain 0: the chain tail alone
+    chain = OnesContext(DecisionInputs(*args)).fitness(pop)  # tail_chain_plain 0: the chain tail alone
     assert chain[0] < chain[2] < chain[1]
     # [3, 1]: A has 100 000 - 30 x 1800 = 46 000 left, B 200 000 - 10 x 1800 = 182 000; at 10 per GPU-second
     # they are 4 600 and 18 200 GPU-s: A ends 1150 s after the horizon (also its time at 40/s), B (4600 + 18 200) / 4.
@@ -230,8 +230,9 @@ def test_the_chain_tail_favours_the_late_job_closest_to_done_and_values_a_job_al
     slow = np.array([[0.0, 10.0, 20.0, 12.0, 12.0]])
     one = (4, np.array([4]), slow, np.array([1e5]), np.array([1]), np.array([0.0]), np.array([0.0]), np.array([1]))
     solo = np.array([[1]])
-    assert np.allclose(OnesContext(*one, tail_chain_plain=1.0).fitness(solo), 1800 + (1e5 - 18000) / 10)
-    assert np.allclose(OnesContext(*one).fitness(solo), 1800 + (1e5 - 18000) / 20)
+    plain = OnesContext(DecisionInputs(*one), FitnessWeights(tail_chain_plain=1.0))
+    assert np.allclose(plain.fitness(solo), 1800 + (1e5 - 18000) / 10)
+    assert np.allclose(OnesContext(DecisionInputs(*one)).fitness(solo), 1800 + (1e5 - 18000) / 20)
 
 
 def test_the_chain_tail_blended_with_the_plain_term_keeps_a_value_on_the_largest_jobs_progress():
@@ -243,12 +244,12 @@ def test_the_chain_tail_blended_with_the_plain_term_keeps_a_value_on_the_largest
     args = (4, np.array([4, 4]), table, np.array([1e5, 2e5]), np.array([2, 2]), np.array([0.0, 0.0]),
             np.array([0.0, 0.0]), np.array([4, 4]))
     pop = np.array([[3, 1], [1, 3], [2, 2]])
-    chain = OnesContext(*args, tail_chain_plain=0.0).fitness(pop)
-    plain = OnesContext(*args, tail_chain_plain=1.0).fitness(pop)
+    chain = OnesContext(DecisionInputs(*args), FitnessWeights(tail_chain_plain=0.0)).fitness(pop)
+    plain = OnesContext(DecisionInputs(*args), FitnessWeights(tail_chain_plain=1.0)).fitness(pop)
     # the plain term alone: each late job's leftover at its request's goodput (4 GPUs, 40 / s), so every
     # split of linear jobs is worth the same
     assert np.allclose(plain, plain[0]) and np.allclose(plain[0], 2 * 1800 + 1150 + 4550)
-    mixed = OnesContext(*args, tail_chain_plain=0.25).fitness(pop)
+    mixed = OnesContext(DecisionInputs(*args), FitnessWeights(tail_chain_plain=0.25)).fitness(pop)
     assert mixed[0] < mixed[2] < mixed[1]
     assert mixed[1] - mixed[0] < chain[1] - chain[0]
     # [3, 1]: the chain tail adds 1150 (A) and 5700 s (B) after the horizon (the test above); the plain terms
@@ -257,7 +258,7 @@ def test_the_chain_tail_blended_with_the_plain_term_keeps_a_value_on_the_largest
     # One late job on 1 GPU that is fastest on 2: 4100 s left at its fastest, 8200 s at its request.
     slow = np.array([[0.0, 10.0, 20.0, 12.0, 12.0]])
     one = (4, np.array([4]), slow, np.array([1e5]), np.array([1]), np.array([0.0]), np.array([0.0]), np.array([1]))
-    fit = OnesContext(*one, tail_chain_plain=0.25).fitness(np.array([[1]]))
+    fit = OnesContext(DecisionInputs(*one), FitnessWeights(tail_chain_plain=0.25)).fitness(np.array([[1]]))
     assert np.allclose(fit, 1800 + 0.75 * 4100 + 0.25 * 8200)
 
 
@@ -271,12 +272,12 @@ def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
             np.array([0.0, 2000.0]), np.array([1, 1]))
     pop = np.array([[1, 0], [0, 1]])
     # Each job alone takes 1000 s; the second waits for the first: 1000 s and 2000 s, in either order.
-    assert np.allclose(OnesContext(*args).fitness(pop), [3000.0, 3000.0])
-    terms = OnesContext(*args).terms(pop)  # the queued job starts when the first frees the GPU
-    assert np.allclose(terms.start, [[0.0, 1000.0], [1000.0, 0.0]])
-    assert np.allclose(terms.completion, [[1000.0, 2000.0], [2000.0, 1000.0]]) and not terms.excess_gpu_s.any()
-    ctx = OnesContext(*args)
-    ctx.wait_weights = 1.0 + np.maximum(2000.0 - ctx.submit, 0.0) / (1.0 * ctx.t_need)  # now 2000 s
+    assert np.allclose(OnesContext(DecisionInputs(*args)).fitness(pop), [3000.0, 3000.0])
+    terms = OnesContext(DecisionInputs(*args)).terms(pop)  # the queued job starts when the first frees the GPU
+    assert np.allclose(terms.waiting, [[0.0, 1000.0], [1000.0, 0.0]]) and not terms.churn.any()
+    assert np.allclose(terms.completion, [[1000.0, 2000.0], [2000.0, 1000.0]]) and not terms.gpu_time.any()
+    waited = np.maximum(2000.0 - args[6], 0.0)  # now 2000 s
+    ctx = OnesContext(DecisionInputs(*args, waited_s=waited), FitnessWeights(wait_weight=1.0))
     assert np.allclose(ctx.wait_weights, [3.0, 1.0])
     assert np.allclose(ctx.fitness(pop), [3 * 1000.0 + 2000.0, 3 * 2000.0 + 1000.0])
     rng = np.random.default_rng(1)
@@ -373,26 +374,26 @@ def test_the_default_hold_follows_the_churn_charge():
 
 def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():
     table = np.array([[0.0] + [10.0 * n for n in range(1, 9)]] * 3)
-    ctx = OnesContext(8, np.array([8, 8, 8]), table, np.array([1e5, 2e5, 10.0]), np.array([4, 2, 0]),
-               np.array([30.0] * 3), np.zeros(3), np.array([4, 4, 4]))
-    ctx.lock = np.array([True, False, False])
+    inputs = DecisionInputs(8, np.array([8, 8, 8]), table, np.array([1e5, 2e5, 10.0]), np.array([4, 2, 0]),
+                            np.array([30.0] * 3), np.zeros(3), np.array([4, 4, 4]))
+    ctx = OnesContext(inputs._replace(locked=np.array([True, False, False])))
     pop = np.array([[0, 8, 8], [8, 0, 0], [4, 2, 2], [2, 6, 0]])
     out = ctx.repair(pop, np.random.default_rng(0))
     assert (out[:, 0] == 4).all() and (out.sum(axis=1) <= 8).all() and (out >= 0).all()
-    ctx.lock = None  # unlocked, the same rows may move job 0
-    assert (ctx.repair(pop, np.random.default_rng(0))[:, 0] != 4).any()
+    unlocked = OnesContext(inputs)  # the same rows may move job 0
+    assert (unlocked.repair(pop, np.random.default_rng(0))[:, 0] != 4).any()
 
-def test_fitted_params_of_some_rows_are_those_of_all_jobs():
-    """``fitted_params(jobs, rows)`` (the ``ones`` goodput of unmeasured jobs asks only for theirs) gives the
-    rows of ``fitted_params(jobs)``: a job's own fit, its model's mean fit, the prior, value for value."""
-    from ones_pipeline.core import estimates
+def test_prior_params_of_some_rows_are_those_of_all_jobs():
+    """``GoodputModel.prior(jobs, rows)`` (the goodput of unmeasured jobs asks only for theirs) gives the
+    rows of ``prior(jobs)``: a job's own fit, its model's mean fit, the prior, value for value."""
+    from ones_pipeline.core.goodput import GoodputModel
 
     cluster, jobs, _ = random_scheduler_state(np.random.default_rng(11), 60, 8, 4)
-    full = estimates.fitted_params(jobs).as_array()
+    full = GoodputModel().prior(jobs).as_array()
     bare = np.array([i for i, j in enumerate(jobs) if not j.throughput_obs])
     assert bare.size and bare.size < len(jobs)
     for rows in (bare, np.arange(len(jobs))[::-3], np.array([0])):
-        assert np.array_equal(estimates.fitted_params(jobs, rows).as_array(), full[rows])
+        assert np.array_equal(GoodputModel().prior(jobs, rows).as_array(), full[rows])
 
 
 def test_memoised_goodput_rows_and_current_goodput_read_from_the_table_are_the_values_computed_afresh():

@@ -251,8 +251,8 @@ def test_run_worker_deaths_use_up_no_retry_but_the_job_own_failures_do():
 def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_measured():
     """Job a measured its steps and finished; b, the same model, has measured nothing, and no active job of
     its model has: its estimates come from a's step times (kept in the cursor), not the generic prior."""
-    from ones_pipeline.core import estimates
     from ones_pipeline.core import throughput as tp
+    from ones_pipeline.core.goodput import GoodputModel
     from ones_pipeline.core.types import ThroughputObs
     from ones_pipeline.scheduler import tick
     from ones_pipeline.scheduler.runs import ProgressInfo, TickPlan
@@ -270,7 +270,7 @@ def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_
     current = tick.current_schedule(second, state, p)
     (view,) = tick.job_views(second, SchedulerSettings(), current, state, p)[0]
     assert view.name == "b" and view.model_obs == obs and not view.throughput_obs
-    fitted = estimates.fitted_params([view]).as_array().ravel()
+    fitted = GoodputModel().prior([view]).as_array().ravel()
     assert fitted.tolist() == tp.fit_params(obs).as_array().ravel().tolist()  # the fit of a's step times
     assert fitted.tolist() != tp.DEFAULT_PARAMS.as_array().ravel().tolist()
     # A job that has measured its own steps is estimated from those alone; it still carries its model's step
@@ -284,7 +284,7 @@ def test_a_new_job_is_estimated_from_the_step_times_an_earlier_job_of_its_model_
     (mine,) = tick.job_views(third, SchedulerSettings(), tick.current_schedule(third, state, p), state, p)[0]
     assert mine.throughput_obs == own and mine.model_gns is None
     assert mine.model_obs == (obs[1], own[0])  # the memory, with b's newer step times on 1 GPU (oldest first)
-    assert estimates.fitted_params([mine]).as_array().ravel().tolist() == tp.fit_params(own).as_array().ravel().tolist()
+    assert GoodputModel().prior([mine]).as_array().ravel().tolist() == tp.fit_params(own).as_array().ravel().tolist()
 
 
 def test_the_step_times_a_job_measured_after_the_last_tick_are_remembered_when_it_finishes():

@@ -22,8 +22,10 @@ Parameters the data cannot inform stay at their floor: with no multi-GPU observa
 nearly free, with no multi-node one crossing nodes costs 1.1x the in-node network, with one micro-batch
 size ``ac`` is half the compute time. The model is therefore optimistic about what a job has not tried,
 which is what lets a goodput-driven scheduler scale a job out (and then correct itself).
-Fits are memoised per observation tuple in a ``Fits`` its owner keeps (``fitted``); a policy fits all its
-jobs' new tuples in one batched BFGS run (``fit_many``) rather than one job after the other.
+Fits are memoised per observation tuple in the ``GoodputModel`` its owner keeps (``fitted``); a policy fits all
+its jobs' new tuples in one batched BFGS run (``fit_many``, ``core.perf_fit``) rather than one job after the
+other. ``GoodputModel`` is the object every policy, the simulator's jobs and the live batch tuner value jobs
+with: this equation for measured jobs, ``core.throughput``'s as the prior of unmeasured ones.
 
 Statistical efficiency of a total batch ``M`` with gradient noise scale ``gns`` measured at base batch
 ``M0``: ``(gns + M0) / (gns + M)`` (``core.efficiency``). Goodput = throughput x efficiency, in base-batch
@@ -32,16 +34,19 @@ samples per second.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
-from ones_pipeline.core.types import JobSpec, ThroughputObs, obs_key
+from ones_pipeline.core import estimates
+from ones_pipeline.core import throughput as tp
+from ones_pipeline.core.perf_fit import _FLOOR, N_PERF, fit_perf_params, fit_perf_params_many
+from ones_pipeline.core.types import JobSpec, JobView, ThroughputObs, obs_key
 
-N_PERF = 7  # ac, bc, an, bn, ar, br, gamma
-_FLOOR = 1e-8
-_GAMMA_MAX = 10.0
-_INIT = np.array([1e-1, 1e-2, 1e-1, 1e-2, 1e-1, 1e-2, 1.0 + 1e-3])
+__all__ = ["N_PERF", "fit_perf_params"]  # the fit (core.perf_fit), part of this model's interface
+
 BATCH_CANDIDATES = 50  # geometric grid of total batch sizes searched per allocation
 _EPS = 1e-8
 
@@ -76,240 +81,6 @@ def throughput(params: np.ndarray, nodes, replicas, micro_batch, accum_steps=0) 
     b = np.asarray(micro_batch, dtype=float)
     a1 = np.asarray(accum_steps, dtype=float) + 1.0
     return n * b * a1 / step_time(params, nodes, replicas, micro_batch, accum_steps)
-
-
-# ------------------------------------------------------------------------------------------ fitting
-# Jobs are fitted B at a time, each by its own BFGS run, all runs advancing together (``_bfgs_many``).
-# Observations are padded to a common count L and laid out (L, B), one column per job, so that every sum
-# over a job's observations reduces an outer axis: numpy adds them one after the other and a padded zero
-# changes nothing. Everything else is elementwise or row by row, so a job's fit does not depend on which
-# other jobs share its batch, bit for bit (tested): a memoised fit is the same whichever decision asked
-# for it first.
-_EYE = np.eye(N_PERF)
-_Z_HI = np.array([8.0] * 6 + [40.0])  # upper clip of each coordinate
-_TRIAL_CELLS = 256  # (observations x trial points) up to which a round tries several steps of a line search
-
-
-class _ObsBatch:
-    """Observations of B jobs, (L, B) arrays (padding: 1 node, 1 GPU, micro-batch 1, compute = step = 1 s),
-    and each job's fixed parameter values and free mask, (B, 7)."""
-
-    def __init__(self, sets: Sequence[Sequence[ThroughputObs]]) -> None:
-        lens = np.array([len(s) for s in sets], dtype=np.int64)
-        vals = np.array([(o.num_nodes, o.num_gpus, o.per_gpu_batch, o.step_time_s, o.sync_time_s)
-                         for s in sets for o in s], dtype=float)  # (sum of lens, 5)
-        pos = np.arange(len(vals)) - np.repeat(np.cumsum(lens) - lens, lens)
-        a = np.ones((5, int(lens.max()), len(sets)))
-        a[4] = 0.0
-        a[:, pos, np.repeat(np.arange(len(sets)), lens)] = vals.T
-        k, self.n, self.b = a[0], a[1], a[2]
-        self.compute = np.maximum(a[3] - a[4], 1e-9)
-        self.log_compute, self.log_step = np.log(self.compute), np.log(np.maximum(a[3], self.compute))
-        self.w = np.arange(a.shape[1])[:, None] < lens[None, :]  # (L, B) a real observation
-        self.padded = not self.w.all()
-        self.inter, self.intra = k > 1, (k <= 1) & (self.n > 1)
-        self.r = np.maximum(self.n - 2.0, _FLOOR)
-        self.cnt = lens.astype(float)
-        self.fixed, self.free = np.zeros((len(sets), N_PERF)), np.ones((len(sets), N_PERF), dtype=bool)
-
-    def take(self, rows: np.ndarray) -> _ObsBatch:
-        out = object.__new__(_ObsBatch)
-        for key, val in vars(self).items():
-            if key != "padded":
-                setattr(out, key, val[rows] if key in ("cnt", "fixed", "free") else val[:, rows])
-        out.padded = not out.w.all()
-        return out
-
-    def mean(self, x: np.ndarray) -> np.ndarray:
-        return np.where(self.w, x, 0.0).sum(axis=0) / self.cnt
-
-
-def _initial_many(obs: _ObsBatch) -> np.ndarray:
-    """(B, 7) start of each job's fit; sets ``obs.fixed`` and ``obs.free`` as ``fit_perf_params`` does."""
-    w, b, c = obs.w, obs.b, obs.compute
-    p0 = np.tile(_INIT, (len(obs.cnt), 1))
-    one_b = np.where(w, b, np.inf).min(axis=0) == np.where(w, b, -np.inf).max(axis=0)
-    mc, mb = obs.mean(c), obs.mean(b)
-    # One micro-batch size: split the compute evenly into constant and slope (``ac`` stays fixed). Else
-    # start the compute line from least squares (a start close to the optimum, not a prior).
-    slope = obs.mean((b - mb) * (c - mc)) / np.where(one_b, 1.0, obs.mean((b - mb) ** 2))
-    p0[:, 0] = np.where(one_b, mc / 2.0, np.maximum(mc - slope * mb, 1e-4 * mc))
-    p0[:, 1] = np.maximum(np.where(one_b, (mc - mc / 2.0) / mb, slope), 1e-7)
-    obs.free[one_b, 0] = False
-    for cols, seen in (([2, 3], obs.inter), ([4, 5], obs.intra), ([3, 5], obs.n > 2)):  # never observed
-        unseen = np.ix_(~(w & seen).any(axis=0), cols)
-        p0[unseen], obs.free[unseen] = _FLOOR, False
-    obs.fixed = p0.copy()
-    return p0
-
-
-def _to_z(p: np.ndarray) -> np.ndarray:
-    z = np.log(np.maximum(p - _FLOOR, 1e-300))
-    frac = np.clip((p[..., 6] - 1.0) / (_GAMMA_MAX - 1.0), 1e-9, 1 - 1e-9)
-    z[..., 6] = np.log(frac / (1 - frac))
-    return z
-
-
-def _params_many(z: np.ndarray, obs: _ObsBatch) -> np.ndarray:
-    """Unconstrained ``z`` (B, 7) -> parameters within their bounds (positive, up to ~3000 s: far beyond
-    any step time; gamma in [1, 10], logistic); the fixed ones from ``obs``."""
-    e = np.exp(np.clip(z, -40.0, _Z_HI))
-    p = np.where(obs.free, _FLOOR + e, obs.fixed)
-    p[:, 6] = 1.0 + (_GAMMA_MAX - 1.0) * e[:, 6] / (1.0 + e[:, 6])  # gamma is always free
-    return p
-
-
-def _fg_many(z: np.ndarray, obs: _ObsBatch) -> tuple[np.ndarray, np.ndarray]:
-    """(B,) objective of each job at ``z`` (B, 7) (unconstrained coordinates) and (B, 7) its gradient."""
-    p = _params_many(z, obs)
-    ac, bc, an, bn, ar, br, g = p.T
-    compute = ac + bc * obs.b  # (L, B)
-    net = (np.where(obs.inter, an, np.where(obs.intra, ar, _FLOOR))
-           + np.where(obs.inter, bn, np.where(obs.intra, br, _FLOOR)) * obs.r)
-    lc, ln = np.log(compute), np.log(net)
-    glc, gln = g * lc, g * ln
-    m = np.maximum(glc, gln)
-    wc, wn = np.exp(glc - m), np.exp(gln - m)
-    s = wc + wn
-    log_optim = (m + np.log(s)) / g
-    e1, e2 = lc - obs.log_compute, log_optim - obs.log_step
-    if obs.padded:
-        e1, e2 = np.where(obs.w, e1, 0.0), np.where(obs.w, e2, 0.0)
-    # The gradient of each RMS term is (its sum over observations) / (count x RMS): one reduction for all.
-    t = np.empty(compute.shape + (11,))  # (L, B, 11) the summands
-    np.multiply(e1, e1, out=t[..., 0])
-    np.multiply(e2, e2, out=t[..., 1])
-    ec = np.divide(e1, compute, out=t[..., 2])
-    np.multiply(ec, obs.b, out=t[..., 3])
-    es = e2 / s
-    c2 = np.divide(es * wc, compute, out=t[..., 4])
-    np.multiply(c2, obs.b, out=t[..., 5])
-    n2 = es * wn / net
-    n2i, n2a = np.multiply(n2, obs.inter, out=t[..., 6]), np.multiply(n2, obs.intra, out=t[..., 8])
-    np.multiply(n2i, obs.r, out=t[..., 7])
-    np.multiply(n2a, obs.r, out=t[..., 9])
-    np.divide(es * (wc * lc + wn * ln) - e2 * log_optim, g, out=t[..., 10])
-    sums = t.sum(axis=0)  # (B, 11)
-    rms = np.sqrt(sums[:, :2] / obs.cnt[:, None] + 1e-16)  # (B, 2)
-    q = p[:, 3:6:2] / p[:, 2:6:2]  # (B, 2) bn / an, br / ar: the retrogression penalty
-    f = rms[:, 0] + rms[:, 1] + 1e-3 * (g - 1.0) ** 2 + 1e-2 * (q[:, 0] ** 2 + q[:, 1] ** 2)
-    inv = 1.0 / (obs.cnt[:, None] * rms)
-    grad = np.empty_like(p)
-    grad[:, :2] = sums[:, 2:4] * inv[:, :1] + sums[:, 4:6] * inv[:, 1:]
-    grad[:, 2:6] = sums[:, 6:10] * inv[:, 1:]
-    qa = 2e-2 * q / p[:, 2:6:2]
-    grad[:, 2:6:2] -= q * qa
-    grad[:, 3:6:2] += qa
-    grad[:, 6] = sums[:, 10] * inv[:, 1] + 2e-3 * (g - 1.0)
-    dp = p - _FLOOR
-    dp[:, 6] = (g - 1.0) * (_GAMMA_MAX - g) / (_GAMMA_MAX - 1.0)
-    return f, np.where(obs.free, grad, 0.0) * dp
-
-
-def _direction(h: np.ndarray, g: np.ndarray, it: np.ndarray, max_iter: int):
-    """``(h, d, d . g, live)`` of rows starting an iteration: quasi-Newton direction, or steepest descent
-    (and ``h`` reset) where that is not a descent direction; ``live`` False where the fit has stopped."""
-    live = (it < max_iter) & ~(np.abs(g).max(axis=1) < 1e-5)
-    d = -(h * g[:, None, :]).sum(axis=2)
-    dg = (d * g).sum(axis=1)
-    bad = dg >= 0
-    if bad.any():
-        h = np.where(bad[:, None, None], _EYE, h)
-        d = np.where(bad[:, None], -g, d)
-        dg = np.where(bad, (-g * g).sum(axis=1), dg)
-    return h, d, dg, live
-
-
-def _bfgs_update(h: np.ndarray, s: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """BFGS inverse-Hessian update of each row of ``h`` (A, 7, 7), skipped where s . y <= 1e-12:
-    (I - rho s y') h (I - rho y s') + rho s s', expanded. ``h`` stays exactly symmetric (from I), so
-    y' h = (h y)'."""
-    sy = (s * y).sum(axis=1)
-    ok = sy > 1e-12
-    rho = np.where(ok, 1.0 / np.where(ok, sy, 1.0), 0.0)[:, None, None]
-    hy = (h * y[:, None, :]).sum(axis=2)  # (A, 7)
-    yhy = (hy * y).sum(axis=1)[:, None, None]
-    hys = hy[:, :, None] * s[:, None, :]
-    new = h - rho * (hys + hys.transpose(0, 2, 1)) + (rho * rho * yhy + rho) * (s[:, :, None] * s[:, None, :])
-    return np.where(ok[:, None, None], new, h)
-
-
-def _bfgs_many(obs: _ObsBatch, z: np.ndarray, max_iter: int) -> np.ndarray:
-    """Minimise each job's objective from its row of ``z`` (B, 7) by BFGS with Armijo backtracking over its
-    free coordinates; a job stops when its gradient is below 1e-5, its line search fails (step < 1e-10),
-    its objective changes by less than 1e-9 (relative) or after ``max_iter`` iterations. Every job runs its
-    own iterations. A round tries W steps t, t/2, ... of each running job at once and takes the first the
-    backtracking would accept (while the arrays are small, W > 1 costs about as much as W = 1): the same
-    trial points, so the same result, in fewer rounds."""
-    out = z.copy()
-    rows = np.arange(len(z))  # row of ``out`` of each running row
-    f, g = _fg_many(z, obs)
-    it = np.zeros(len(z), dtype=np.int64)
-    h, d, dg, live = _direction(np.broadcast_to(_EYE, (len(z), N_PERF, N_PERF)).copy(), g, it, max_iter)
-    t = np.ones(len(z))
-    wide = None
-    while True:
-        if not live.all():
-            out[rows[~live]] = z[~live]
-            keep = np.flatnonzero(live)
-            if keep.size == 0:
-                return out
-            rows, z, f, g, h, d, dg, t, it = (a[keep] for a in (rows, z, f, g, h, d, dg, t, it))
-            obs, wide = obs.take(keep), None
-        if wide is None:  # the observations of each trial point
-            W = int(np.clip(_TRIAL_CELLS // obs.w.size, 1, 8))
-            wide, halves, r = obs.take(np.repeat(np.arange(len(z)), W)), 0.5 ** np.arange(W), np.arange(len(z))
-        steps = t[:, None] * halves  # (B, W)
-        zw = z[:, None, :] + steps[:, :, None] * d[:, None, :]  # (B, W, 7)
-        fw, gw = _fg_many(zw.reshape(-1, N_PERF), wide)
-        small = steps < 1e-10  # the line search gave up: stop where the row is
-        ends = (np.isfinite(fw).reshape(-1, W) & (fw.reshape(-1, W) <= f[:, None] + 1e-4 * steps * dg[:, None])) | small
-        k = ends.argmax(axis=1)  # the first trial that ends the line search, if any
-        hit, small = ends[r, k], small[r, k]
-        acc = hit & ~small
-        t = np.where(hit, 1.0, t * 0.5 ** W)
-        if not acc.any():
-            live = ~(hit & small)
-            continue
-        zn, fn, gn = zw[r, k], fw.reshape(-1, W)[r, k], gw.reshape(-1, W, N_PERF)[r, k]
-        flat = np.abs(f - fn) < 1e-9 * np.maximum(1.0, np.abs(fn))
-        it = it + acc
-        h_new, d_new, dg_new, live_new = _direction(_bfgs_update(h, zn - z, gn - g), gn, it, max_iter)
-        live = np.where(acc, live_new & ~flat, ~(hit & small))
-        if acc.all():
-            z, f, g, h, d, dg = zn, fn, gn, h_new, d_new, dg_new
-        else:
-            a1, a2 = acc[:, None], acc[:, None, None]
-            z, f, g = np.where(a1, zn, z), np.where(acc, fn, f), np.where(a1, gn, g)
-            h, d, dg = np.where(a2, h_new, h), np.where(a1, d_new, d), np.where(acc, dg_new, dg)
-
-
-def fit_perf_params(observations: Sequence[ThroughputObs], max_iter: int = 60) -> np.ndarray:
-    """(7,) parameters fitted to a job's observed steps (compute = step - sync, and step).
-
-    BFGS in unconstrained coordinates (log for the positive parameters, logistic for gamma) with the
-    analytic gradient. Parameters the observations cannot inform are fixed (see the module docstring).
-    """
-    return fit_perf_params_many([observations], max_iter)[0]
-
-
-def fit_perf_params_many(observation_sets: Sequence[Sequence[ThroughputObs]], max_iter: int = 60) -> np.ndarray:
-    """(B, 7) ``fit_perf_params`` of each of B jobs, fitted together: one numpy evaluation of all the
-    objectives per line-search round rather than one per job (the first decision of a policy fits every
-    job). A job's result does not depend on the other jobs in the batch."""
-    if any(not s for s in observation_sets):
-        raise ValueError("fit_perf_params needs at least one observation per job")
-    B = len(observation_sets)
-    if B == 0:
-        return np.zeros((0, N_PERF))
-    sets = list(observation_sets) + list(observation_sets[:1]) * (B == 1)  # >= 2 columns (see above)
-    obs = _ObsBatch(sets)
-    with np.errstate(all="ignore"):
-        z = _bfgs_many(obs, _to_z(_initial_many(obs)), max_iter)
-        p = _params_many(z, obs)[:B]
-    lone = ~(obs.w & obs.inter).any(axis=0)[:B]  # prior: crossing nodes costs >= 1.1x the in-node network
-    p[lone, 2:4] = np.maximum(p[lone, 2:4], 1.1 * p[lone, 4:6])
-    return p
 
 
 # ------------------------------------------------------------------------------------------ batch choice
@@ -415,11 +186,41 @@ def batch_limits(spec: JobSpec) -> tuple[float, float, float, float]:
     return m0, top, lo_micro, max(hi_micro, lo_micro)
 
 
-class Fits:
-    """Fitted step-time parameters memoised on the observation tuple, owned by whoever fits (a policy, the
-    simulator's job side, a job's batch tuner; nothing is shared through module state): ``perf`` this
-    module's model (``fit_many``, ``fitted``), ``linear`` ``core.estimates``' model; each at most ``limit``
-    tuples, the oldest half forgotten past it. A job refits only when it has run somewhere new."""
+class PerfParams(NamedTuple):
+    """The 7 parameters of the step-time equation (module docstring), named as AdaptDL's ``PerfParams``; the
+    model's functions take them as a ``(..., 7)`` array in this order (``np.asarray(params)``)."""
+
+    alpha_c: float  # compute: constant (s)
+    beta_c: float  # compute: per sample of the micro-batch (s)
+    alpha_n: float  # all-reduce across nodes: constant (s)
+    beta_n: float  # ... per GPU beyond two (s)
+    alpha_r: float  # all-reduce inside one node: constant (s)
+    beta_r: float  # ... per GPU beyond two (s)
+    gamma: float  # overlap of compute and all-reduce, in [1, 10]
+
+
+class GoodputModel:
+    """The goodput model one owner (a policy, a simulated job's batch tuner, a live job's ``BatchTuner``)
+    values jobs with, and its memo of fits: nothing is shared through module state, and a policy built with
+    a model (``make_policy(name, model=...)``) values jobs by that one (an experiment can give it another).
+
+    A job's goodput on ``k`` nodes x ``n`` GPUs is ``throughput x efficiency`` at the batch the job picks
+    there itself (``batch``: the goodput-optimal one under its fit and noise scale, as AdaptDL's trainer):
+
+    * **measured** (step times and a noise scale of its own; or, before it has any, those its model's
+      earlier jobs measured, which ``ones`` gives it, ``core.model_memory``): the step-time equation of the
+      module docstring (``PerfParams``) fitted to them (``params``), searched over batches (``best_batch``);
+    * **unmeasured otherwise** (``prior``): ``core.throughput``'s additive equation
+      ``step = (a + 1)(c0 + c1 b) + [n > 1](s0 + s1 (n - 1)) + [k > 1](x0 + x1 (k - 1))``, ridge-fitted to
+      its own steps, else the mean fit of its model's running jobs, else to its model's remembered steps,
+      else a generic prior; at its smallest batch and the prior noise scale.
+
+    The two equations are not one with two parameterisations: Pollux's overlaps compute and all-reduce
+    (``gamma``) and prices the all-reduce by GPUs, inside or across nodes; the prior's adds them and prices
+    crossing nodes by the node count. Valuing unmeasured jobs by the first changes decisions, so it is not
+    done here (docs/ones_policy.md). Fits are memoised per observation tuple, at most ``limit`` per
+    equation, the oldest half forgotten past it: a job refits only when it has run somewhere new.
+    """
 
     def __init__(self, limit: int = 65536) -> None:
         self.limit = limit
@@ -430,34 +231,65 @@ class Fits:
         for key in list(memo)[: len(memo) // 2 + adding] if len(memo) + adding > self.limit else ():
             del memo[key]
 
+    def fit(self, observation_sets: Iterable[Sequence[ThroughputObs]]) -> None:
+        """Fit every new observation tuple in one batch (``fit_many``)."""
+        fit_many(observation_sets, self)
 
-def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]], fits: Fits) -> None:
-    """Fit in one batch (``fit_perf_params_many``) every non-empty observation tuple not in ``fits`` yet: a
+    def fitted(self, observations: Sequence[ThroughputObs]) -> np.ndarray:
+        """(7,) read-only ``params`` as an array (``fitted``): what every goodput of a measured job is computed
+        from, so a model that overrides it (an oracle's exact step times) values every such job by it."""
+        return fitted(obs_key(observations), self)
+
+    def params(self, observations: Sequence[ThroughputObs]) -> PerfParams:
+        """The step-time equation's parameters fitted to ``observations`` (memoised)."""
+        return PerfParams(*(float(v) for v in self.fitted(observations)))
+
+    def batch(self, spec: JobSpec, observations: Sequence[ThroughputObs], gns: float | None, nodes: int,
+              replicas: int) -> tuple[int, int]:
+        """``(micro-batch, accumulation steps)`` the job picks on ``nodes`` x ``replicas`` (``job_batch``)."""
+        return job_batch(spec, observations, gns, nodes, replicas, self)
+
+    def batches(self, specs: Sequence[JobSpec], observations: Sequence[Sequence[ThroughputObs]],
+                gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int]) -> list[tuple[int, int]]:
+        """``batch`` of many allocations at once (``job_batches``)."""
+        return job_batches(specs, observations, gns, nodes, replicas, self)
+
+    def prior(self, jobs: Sequence[JobView], rows: np.ndarray | None = None) -> tp.ThroughputParams:
+        """The prior equation's parameters of every job (``(J,)`` fields; with ``rows``, only those jobs')."""
+        return prior_params(jobs, rows, self)
+
+    def goodput(self, jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+        """(R,) goodput of ``jobs[rows[i]]`` on ``nodes[i]`` x ``replicas[i]`` GPUs (``job_goodput``)."""
+        return job_goodput(jobs, rows, nodes, replicas, self)
+
+
+def fit_many(observation_sets: Iterable[Sequence[ThroughputObs]], model: GoodputModel) -> None:
+    """Fit in one batch (``fit_perf_params_many``) every non-empty observation tuple not in ``model`` yet: a
     policy calls it once per decision, before it asks ``fitted`` job by job."""
-    todo = list(dict.fromkeys(t for s in observation_sets if (t := obs_key(s)) and t not in fits.perf))
-    fits.make_room(fits.perf, len(todo))
+    todo = list(dict.fromkeys(t for s in observation_sets if (t := obs_key(s)) and t not in model.perf))
+    model.make_room(model.perf, len(todo))
     for key, p in zip(todo, fit_perf_params_many(todo), strict=True):
         p.setflags(write=False)
-        fits.perf[key] = p
+        model.perf[key] = p
 
 
-def fitted(observations: tuple[ThroughputObs, ...], fits: Fits | None = None) -> np.ndarray:
-    """(7,) read-only ``fit_perf_params`` of one job, memoised in ``fits`` (fitted afresh without)."""
+def fitted(observations: tuple[ThroughputObs, ...], model: GoodputModel | None = None) -> np.ndarray:
+    """(7,) read-only ``fit_perf_params`` of one job, memoised in ``model`` (fitted afresh without)."""
     if not observations:
         raise ValueError("fitted needs at least one observation")
-    fits = fits if fits is not None else Fits()
-    if observations not in fits.perf:
-        fit_many([observations], fits)
-    return fits.perf[observations]
+    model = model if model is not None else GoodputModel()
+    if observations not in model.perf:
+        fit_many([observations], model)
+    return model.perf[observations]
 
 
 def job_batch(spec: JobSpec, observations: Sequence[ThroughputObs], gns: float | None, nodes: int,
-              replicas: int, fits: Fits | None = None) -> tuple[int, int]:
+              replicas: int, model: GoodputModel | None = None) -> tuple[int, int]:
     """``(micro-batch, accumulation steps)`` a job picks for itself on ``nodes`` nodes x ``replicas``
     GPUs, as AdaptDL's trainer does: the goodput-optimal batch under its own fitted model and measured
     noise scale; before it has measured anything, max(M0, smallest micro-batch x GPUs). The micro-batch is
     then capped so the total stays within the largest batch."""
-    return job_batches([spec], [observations], [gns], [nodes], [replicas], fits)[0]
+    return job_batches([spec], [observations], [gns], [nodes], [replicas], model)[0]
 
 
 def _settled(limits: tuple[float, float, float, float], picked: tuple[int, int] | None,
@@ -476,7 +308,7 @@ def _settled(limits: tuple[float, float, float, float], picked: tuple[int, int] 
 
 def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[ThroughputObs]],
                 gns: Sequence[float | None], nodes: Sequence[int], replicas: Sequence[int],
-                fits: Fits | None = None) -> list[tuple[int, int]]:
+                model: GoodputModel | None = None) -> list[tuple[int, int]]:
     """``job_batch`` of many allocations at once (the i-th job on ``nodes[i]`` x ``replicas[i]``), the same
     values: the measured jobs' batch searches run as one ``best_batch`` call (a decision that starts or resizes
     thousands of jobs would otherwise search them one after the other)."""
@@ -484,13 +316,109 @@ def job_batches(specs: Sequence[JobSpec], observations: Sequence[Sequence[Throug
     measured = [i for i in range(len(specs)) if observations[i] and gns[i] is not None]
     if measured:
         obs = [tuple(observations[i]) for i in measured]
-        fits = fits if fits is not None else Fits()
-        fit_many(obs, fits)
+        model = model if model is not None else GoodputModel()
+        model.fit(obs)
         lim = np.array([batch_limits(specs[i]) for i in measured])  # (M, 4)
-        _, micro, accum = best_batch(np.stack([fitted(t, fits) for t in obs]),
+        _, micro, accum = best_batch(np.stack([model.fitted(t) for t in obs]),
                                      np.array([gns[i] for i in measured], dtype=float), *lim.T,
                                      np.array([nodes[i] for i in measured], dtype=float),
                                      np.array([replicas[i] for i in measured], dtype=float))
         for r, i in enumerate(measured):
             out[i] = (int(micro[r]), int(accum[r]))
     return [_settled(batch_limits(spec), out[i], replicas[i]) for i, spec in enumerate(specs)]
+
+
+# ------------------------------------------------------------------------------------------ unmeasured jobs
+def prior_params(jobs: Sequence[JobView], rows: np.ndarray | None = None,
+                 model: GoodputModel | None = None) -> tp.ThroughputParams:
+    """``core.throughput`` parameters of every job, ``(J,)`` fields: each job's own fit, else the mean fit of
+    jobs of the same model, else the fit of the step times earlier jobs of its model measured
+    (``JobView.model_obs``), else the generic prior. With ``rows`` (indices into ``jobs``): only those
+    jobs', ``(R,)`` fields, the same values, and only the fits they need are made (a job's own, and its
+    model's other jobs' when it has none). Fits are memoised in ``model`` (``linear``) when given."""
+    model = model if model is not None else GoodputModel()
+    idx = np.arange(len(jobs)) if rows is None else np.asarray(rows, dtype=np.int64)
+    wanted = {int(i) for i in idx}
+    need_models = {jobs[i].spec.model for i in wanted if not jobs[i].throughput_obs}
+    _fit_all(model, [obs_key(j.throughput_obs) for i, j in enumerate(jobs)
+              if j.throughput_obs and (i in wanted or j.spec.model in need_models)]
+             + [tuple(jobs[i].model_obs) for i in wanted if not jobs[i].throughput_obs and jobs[i].model_obs])
+    own: dict[int, np.ndarray] = {}
+    by_model: dict[str, list[np.ndarray]] = defaultdict(list)
+    for i, j in enumerate(jobs):  # in job order: the model means sum their fits in the same order
+        if j.throughput_obs and (i in wanted or j.spec.model in need_models):
+            own[i] = p = _linear(model, obs_key(j.throughput_obs))
+            by_model[j.spec.model].append(p)
+    model_mean = {model: np.mean(ps, axis=0) for model, ps in by_model.items()
+                  if model in need_models}  # once per model
+    default = np.asarray(tp.DEFAULT_PARAMS, dtype=float)
+    out = np.empty((len(idx), tp.N_PARAMS))
+    for r, i in enumerate(idx):
+        j = jobs[i]
+        p = own.get(int(i))
+        if p is None:
+            p = model_mean.get(j.spec.model)
+        if p is None and j.model_obs:
+            p = _linear(model, tuple(j.model_obs))
+        out[r] = default if p is None else p
+    return tp.ThroughputParams.from_array(out)
+
+
+def _linear(model: GoodputModel, observations: tuple) -> np.ndarray:
+    """The linear fit of ``observations`` as an array, from ``model`` (fitted now if it was forgotten)."""
+    if observations not in model.linear:
+        _fit_all(model, [observations])
+    return np.asarray(model.linear[observations], dtype=float)
+
+
+def _fit_all(model: GoodputModel, observation_sets) -> None:
+    """Fit, in one batch (``tp.fit_params_many``: the same values), every observation tuple not in
+    ``model.linear`` yet (the result of a fit is an immutable tuple of numbers, safe to share)."""
+    todo = list(dict.fromkeys(t for t in observation_sets if t not in model.linear))
+    if not todo:
+        return
+    model.make_room(model.linear, len(todo))
+    for key, row in zip(todo, tp.fit_params_many(todo), strict=True):
+        model.linear[key] = tp.ThroughputParams(*(float(v) for v in row))
+
+
+def _measured(job: JobView) -> bool:
+    return bool(job.throughput_obs) and job.grad_noise_scale is not None
+
+
+def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
+                     model: GoodputModel) -> np.ndarray:
+    """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with (as
+    ``job_batch``: max(M0, smallest micro-batch x GPUs)), from ``prior_params`` and the prior noise scale."""
+    params = model.prior(jobs, rows)
+    gns = estimates.noise_scales(jobs)[rows]
+    lim = np.array([batch_limits(j.spec) for j in jobs])[rows]  # (R, 4)
+    batch = np.maximum(lim[:, 0], lim[:, 2] * replicas)
+    micro, accum = split_for(batch, replicas, lim[:, 3], lim[:, 0])
+    return estimates.goodput_of(params, gns, lim[:, 0], lim[:, 3], replicas, nodes, micro * (accum + 1) * replicas)
+
+
+def job_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
+                model: GoodputModel | None = None) -> np.ndarray:
+    """(R,) goodput (base-equivalent samples/s) of ``jobs[rows[i]]`` on ``nodes[i]`` nodes x ``replicas[i]``
+    GPUs with the batch the job will pick there itself (``job_batch``); fits memoised in ``model`` when given.
+    Measured jobs: ``best_batch`` under their fitted step-time equation and noise scale. Others:
+    ``_untuned_goodput`` (the prior equation)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros(len(rows))
+    measured = np.array([_measured(j) for j in jobs], dtype=bool)
+    m = measured[rows]
+    if m.any():
+        rj = rows[m]
+        uniq, inv = np.unique(rj, return_inverse=True)
+        model = model if model is not None else GoodputModel()
+        model.fit(jobs[j].throughput_obs for j in uniq)  # all new fits in one batch
+        params = np.stack([model.fitted(jobs[j].throughput_obs) for j in uniq])[inv]  # (R', 7)
+        gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
+        lim = np.array([batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)
+        out[m], _, _ = best_batch(params, gns, lim[:, 0], lim[:, 1], lim[:, 2], lim[:, 3],
+                                  nodes[m].astype(float), replicas[m].astype(float))
+    if (~m).any():
+        model = model if model is not None else GoodputModel()
+        out[~m] = _untuned_goodput(jobs, rows[~m], nodes[~m].astype(float), replicas[~m].astype(float), model)
+    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)

@@ -1,7 +1,7 @@
 """What earlier jobs of a model measured, remembered for the model's next jobs (``JobView.model_obs``).
 
 A job that has not measured anything yet is valued by the step times its model's earlier jobs measured
-(``core.estimates.fitted_params``), not by the generic prior. The memory keeps one row per configuration
+(``core.goodput.GoodputModel.prior``), not by the generic prior. The memory keeps one row per configuration
 (GPUs, nodes, per-GPU batch), the newest measurement of each, and at most ``MODEL_OBS_KEPT`` rows per model
 (the oldest configuration goes first). With them, the gradient noise scale the model's jobs measured earliest
 in their training (``remember_noise``: the one at the fewest samples; the noise scale grows as training goes

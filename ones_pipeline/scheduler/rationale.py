@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ones_pipeline.core.estimates import fitted_params, goodput_of, noise_scales, remaining_work
+from ones_pipeline.core.estimates import goodput_of, noise_scales, remaining_work
+from ones_pipeline.core.goodput import GoodputModel
 from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
 
 DEFAULT_RESTART_COST_S = 30.0  # a generation's start-up (process start, model build, checkpoint load)
@@ -102,7 +103,7 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
     if not wanted:
         return {}
     subset = [views[by_name[j]] for j in wanted]
-    params, gns, work = fitted_params(subset), noise_scales(subset), remaining_work(subset)
+    params, gns, work = GoodputModel().prior(subset), noise_scales(subset), remaining_work(subset)
     restart_cost_s = policy_restart_cost(policy)
     cost = DEFAULT_RESTART_COST_S if restart_cost_s is None else restart_cost_s
     out = {}

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ones_pipeline.core import model_memory
-from ones_pipeline.core.goodput import Fits, batch_limits, job_batch, split_for
+from ones_pipeline.core.goodput import GoodputModel, batch_limits, split_for
 from ones_pipeline.core.policies import Policy
 from ones_pipeline.core.types import (
     Allocation,
@@ -129,12 +129,12 @@ class SimResult:
 class _Running:
     __slots__ = ("spec", "truth", "status", "progress", "samples", "record", "alloc", "blocked_until",
                  "obs", "loss_hist", "acc_hist", "next_epoch", "max_gpus_seen", "last_change_s",
-                 "epochs_at_change", "attained_gpu_s", "initial_loss", "gns", "tuned", "fits")
+                 "epochs_at_change", "attained_gpu_s", "initial_loss", "gns", "tuned", "model")
 
     def __init__(self, job: SimJob):
         self.spec = job.spec
         self.truth = job.truth
-        self.fits = Fits()  # the job's own step-time fits (its batch tuner's, as live)
+        self.model = GoodputModel()  # the job's own goodput model and fits (its batch tuner's, as live)
         self.status = JobStatus.PENDING
         self.progress = 0.0
         self.samples = 0.0
@@ -235,7 +235,7 @@ def _retune(job: _Running, cluster: Cluster) -> None:
         return
     placement = cluster.placement(alloc.gpus)
     n = alloc.num_gpus
-    micro, accum = job_batch(job.spec, tuple(job.obs.values()), job.gns, len(placement), n, job.fits)
+    micro, accum = job.model.batch(job.spec, tuple(job.obs.values()), job.gns, len(placement), n)
     if not job.obs and n * micro * (accum + 1) != alloc.global_batch:
         # Nothing measured yet: the job trains at the batch it was started with, as the live trainer does
         # (``train.batch_tuning``: it re-tunes from its own step times only), e.g. one a policy picked from

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ones_pipeline.core.efficiency import efficiency
-from ones_pipeline.core.goodput import Fits, batch_limits, fitted, job_batch, throughput
+from ones_pipeline.core.goodput import GoodputModel, batch_limits, throughput
 from ones_pipeline.core.types import JobSpec, ThroughputObs
 
 MIN_STEP_TIMES = 3  # steady-state steps a configuration needs before its median is recorded
@@ -115,7 +115,7 @@ class BatchTuner:
         self.accumulates = False
         self.step_times: dict[Config, float] = {}  # median s of an optimizer step
         self.micro_times: dict[Config, float] = {}  # accumulating: median s of a micro-batch that did not sync
-        self.fits = Fits()  # step-time fits of this job's measurements
+        self.model = GoodputModel()  # the goodput model of this job's measurements, and its fits
 
     def split(self, global_batch: int) -> tuple[int, int]:
         """``(micro-batch per GPU, accumulation steps)`` of ``global_batch`` in this job's step."""
@@ -149,7 +149,7 @@ class BatchTuner:
         if not self.enabled or grad_noise_scale is None:
             return None
         obs = self.observations()
-        micro, accum = job_batch(self.spec, obs, grad_noise_scale, self.num_nodes, self.world_size, self.fits)
+        micro, accum = self.model.batch(self.spec, obs, grad_noise_scale, self.num_nodes, self.world_size)
         per_gpu = micro * (accum + 1)
         if self.spec.max_per_gpu_batch is not None and not self.accumulates:  # the script cannot accumulate
             per_gpu = min(per_gpu, self.spec.max_per_gpu_batch)
@@ -170,7 +170,7 @@ class BatchTuner:
         if not obs or gns is None:
             return None
         m0 = batch_limits(self.spec)[0]
-        params = fitted(obs, self.fits)
+        params = self.model.params(obs)
         goods = []
         for batch in (old, new):
             micro, accum = self.split(batch)

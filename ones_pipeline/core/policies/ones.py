@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.goodput import Fits
+from ones_pipeline.core.goodput import GoodputModel
 from ones_pipeline.core.placement import schedule_from_counts
 from ones_pipeline.core.policies.base import PolicyBase, PolicyParams, check_float, check_int, check_probability
-from ones_pipeline.core.policies.ones_fitness import OnesContext
+from ones_pipeline.core.policies.ones_fitness import DecisionInputs, FitnessWeights, OnesContext
 from ones_pipeline.core.policies.ones_goodput import (
     GoodputRows,
     current_goodput,
@@ -73,7 +73,7 @@ class OnesParams(PolicyParams):
     running there counts (1 - ``tail_chain_plain``) x the lower bound's relaxations applied to its leftover
     (``OnesContext._chain_tail``) plus ``tail_chain_plain`` x its leftover at its request's goodput.
     ``min_hold_s``: a running job whose GPU count this policy changed (or which it started) less than this
-    long ago keeps that count (``OnesContext.lock``); null (the default): ``HOLD_PER_CHARGE`` x
+    long ago keeps that count (``DecisionInputs.locked``); null (the default): ``HOLD_PER_CHARGE`` x
     ``restart_cost_s`` (``hold_s``). ``wait_weight`` k (null: off): each job's completion term counts
     ``1 + waited / (k x left)`` times, ``waited`` the time since its submission that it has held no GPUs
     and ``left`` its predicted time left at its requested count, so that a job kept waiting long against its
@@ -152,14 +152,14 @@ class OnesPolicy(PolicyBase):
 
     name = "ones"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
+    def __init__(self, seed: int = 0, model: GoodputModel | None = None, **params: Any) -> None:
         super().__init__(seed)
         self.config = OnesParams.from_dict(params)
         self.population: dict[str, list[int]] = {}  # job name -> counts, one per individual
         self.last_generations = 0
         self.changed_at: dict[str, float] = {}  # job name -> when this policy last changed its GPU count
         self._rows = GoodputRows()  # measured jobs' goodput rows, kept between decisions
-        self._fits = Fits()  # step-time fits, kept between decisions
+        self.model = model if model is not None else GoodputModel()  # values the jobs; fits kept between decisions
 
     # -- persistence -------------------------------------------------------------------------------
     def params(self) -> dict[str, Any]:
@@ -187,7 +187,7 @@ class OnesPolicy(PolicyBase):
         self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
                            for i, j in enumerate(jobs) if best[i] != ctx.cur[i] or j.name in self.changed_at}
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best))
-        return tuned_schedule(cluster, started, schedule, current, self._fits)
+        return tuned_schedule(cluster, started, schedule, current, self.model)
 
     def context(self, cluster: Cluster, jobs: Sequence[JobView], current: Schedule, now_s: float) -> OnesContext:
         """What a decision at ``now_s`` searches over (``OnesContext``: caps, goodput table, remaining work,
@@ -197,8 +197,8 @@ class OnesPolicy(PolicyBase):
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = scale_limits(jobs, np.array([min(j.spec.gpu_cap, G) for j in jobs], dtype=np.int64))
-        table = tuned_table(cluster, jobs, caps, self._rows, self._fits)  # (J, N+1)
-        cur_rate, _ = current_goodput(cluster, jobs, current, table, self._fits)  # (J,)
+        table = tuned_table(cluster, jobs, caps, self._rows, self.model)  # (J, N+1)
+        cur_rate, _ = current_goodput(cluster, jobs, current, table, self.model)  # (J,)
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
@@ -207,15 +207,19 @@ class OnesPolicy(PolicyBase):
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
         overload = float(np.clip(np.minimum(requested, caps).sum() / G - 1.0, 0.0, 1.0))
-        ctx = OnesContext(G, caps, table, remaining, cur, changed_cost, submit, requested,
-                          c.gpu_time_weight * J * overload, c.horizon_s, cur_rate, c.tail_chain_plain)
-        if c.wait_weight is not None:  # the longer a job has waited, against its time left, the more it counts
+        waited = None  # the longer a job has waited, against its time left, the more it counts
+        if c.wait_weight is not None:
             waited = np.maximum(now_s - submit - np.array([j.run_time_s for j in jobs]), 0.0)
-            ctx.wait_weights = 1.0 + waited / (c.wait_weight * np.maximum(ctx.t_need, 1.0))
-        if (hold_s := c.hold_s) > 0:  # jobs changed less than the hold ago keep their count
+        locked = None  # jobs changed less than the hold ago keep their count
+        if (hold_s := c.hold_s) > 0:
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
-            ctx.lock = (since < hold_s) & (ctx.cur > 0) & (ctx.cur <= ctx.caps)
-        return ctx
+            locked = (since < hold_s) & (cur > 0) & (cur <= caps)
+        inputs = DecisionInputs(gpus=G, caps=caps, goodput=table, remaining=remaining, held=cur,
+                                change_cost=changed_cost, submit=submit, requested=requested, held_goodput=cur_rate,
+                                waited_s=waited, locked=locked)
+        weights = FitnessWeights(horizon_s=c.horizon_s, tail_chain_plain=c.tail_chain_plain,
+                                 gpu_time_weight=c.gpu_time_weight * J * overload, wait_weight=c.wait_weight or 1.0)
+        return OnesContext(inputs, weights)
 
     def _search(self, ctx: OnesContext, jobs: Sequence[JobView]) -> tuple[np.ndarray, np.ndarray]:
         """Evolve the population for this round's generations (or until the time budget); keep it for the

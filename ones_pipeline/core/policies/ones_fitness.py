@@ -1,6 +1,7 @@
-"""The arrays and operators of one ``ones`` decision (``OnesContext``): caps, the goodput table, remaining
-work; the fitness (predicted sum of completion times), the repair of infeasible individuals and the
-greedy seed individual of the search (``ones.py`` evolves them).
+"""One ``ones`` decision (``OnesContext``) from its named inputs (``DecisionInputs``: caps, the goodput table,
+remaining work, GPUs held, churn charges, ...) and weights (``FitnessWeights``): the fitness, a sum of named
+(P, J) terms (``FitnessTerms``: completion with the horizon tail, churn, waiting, GPU-time), the repair of
+infeasible individuals and the greedy seed individual of the search (``ones.py`` evolves them).
 """
 
 from __future__ import annotations
@@ -10,36 +11,60 @@ from typing import NamedTuple
 import numpy as np
 
 
-class FitnessTerms(NamedTuple):
-    """The fitness's terms of each job in each individual, (P, J) each (``OnesContext.terms``)."""
+class DecisionInputs(NamedTuple):
+    """What one decision knows, by name: (J,) per job unless said (``OnesPolicy.context`` builds them)."""
 
-    start: np.ndarray  # s from now until the job runs: its churn charge, after its queue wait when queued
+    gpus: int  # GPUs in the cluster
+    caps: np.ndarray  # the most GPUs each job may get
+    goodput: np.ndarray  # (J, N + 1) goodput on n = 0..N GPUs, consolidated, at the batch the job picks
+    remaining: np.ndarray  # base-equivalent samples left
+    held: np.ndarray  # GPUs held now (0: queued)
+    change_cost: np.ndarray  # s a change of the job's count costs it (the churn charge)
+    submit: np.ndarray  # submission time (s)
+    requested: np.ndarray  # GPUs requested: a queued job is assumed to start on them (capped)
+    held_goodput: np.ndarray | None = None  # goodput on the GPUs held, their real placement (unchanged counts)
+    waited_s: np.ndarray | None = None  # s waited without GPUs (None: completions unweighted)
+    locked: np.ndarray | None = None  # jobs that keep the count they hold in every individual (the hold)
+
+
+class FitnessWeights(NamedTuple):
+    """How the terms add up (``OnesContext.fitness``)."""
+
+    horizon_s: float = 1800.0  # a job still running here counts the horizon plus its tail
+    tail_chain_plain: float = 0.0  # the tail's share valued at the request's goodput (else the chain tail)
+    gpu_time_weight: float = 0.0  # per GPU-second beyond the most efficient size, over the cluster's GPUs
+    wait_weight: float = 1.0  # k: a job's completion counts 1 + waited / (k x its time left at its request)
+
+
+class FitnessTerms(NamedTuple):
+    """The fitness's terms of each job in each individual, (P, J) each (``OnesContext.terms``). ``completion``
+    includes the churn and the wait (the job runs after them); ``gpu_time`` adds with its weight."""
+
     completion: np.ndarray  # predicted completion (s from now; a job late at the horizon by its tail), weighted
-    excess_gpu_s: np.ndarray  # GPU-seconds spent beyond its most GPU-efficient size (0: no GPU-time term)
+    churn: np.ndarray  # s of its change cost before it runs (a changed count, or a start)
+    waiting: np.ndarray  # s a queued job waits for its request to free up (0: scheduled)
+    gpu_time: np.ndarray  # GPU-seconds spent beyond its most GPU-efficient size (0: no GPU-time weight)
 
 
 class OnesContext:
-    """Arrays of one decision: caps, goodput table, remaining work; repair and fitness operators."""
+    """One decision's named inputs and weights (``DecisionInputs``, ``FitnessWeights``); the fitness, its
+    terms, the repair and the greedy seed of the search."""
 
-    def __init__(self, G: int, caps: np.ndarray, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray,
-                 change_cost: np.ndarray, submit: np.ndarray, requested: np.ndarray,
-                 gpu_time_weight: float = 0.0, horizon_s: float = 1800.0, cur_rate: np.ndarray | None = None,
-                 tail_chain_plain: float = 0.0):
-        self.gpu_time_weight, self.horizon_s = gpu_time_weight, horizon_s
-        self.tail_chain_plain = tail_chain_plain
-        # (J,) factors on each job's completion term (``OnesParams.wait_weight``); None: all 1.
-        self.wait_weights: np.ndarray | None = None
-        # Goodput of each job on the GPUs it holds (its real placement), used where its count is unchanged.
-        self.cur_rate = cur_rate
-        self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, cur
-        # (J,) jobs that keep the count they hold in every repaired individual (``OnesParams.min_hold_s``).
-        self.lock: np.ndarray | None = None
-        self.change_cost, self.submit = change_cost, submit
+    def __init__(self, inputs: DecisionInputs, weights: FitnessWeights | None = None):
+        weights = weights if weights is not None else FitnessWeights()
+        self.inputs, self.weights = inputs, weights
+        G, caps, table, remaining = inputs.gpus, inputs.caps, inputs.goodput, inputs.remaining
+        self.gpu_time_weight, self.horizon_s = weights.gpu_time_weight, weights.horizon_s
+        self.tail_chain_plain = weights.tail_chain_plain
+        self.cur_rate = inputs.held_goodput
+        self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, inputs.held
+        self.lock = inputs.locked
+        self.change_cost, self.submit = inputs.change_cost, inputs.submit
         J = len(caps)
         self.idx = np.arange(J)
         # Time alone at 1 GPU: serves as "shortest remaining first" order for queued jobs.
         self.t1 = remaining / np.maximum(table[:, 1], 1e-12)
-        self.srt_order = np.lexsort((submit, self.t1))
+        self.srt_order = np.lexsort((self.submit, self.t1))
         # Best count per job: the one minimising solo run time... weighted by GPUs (cheap, efficient).
         n = np.arange(table.shape[1])
         with np.errstate(divide="ignore"):
@@ -47,13 +72,16 @@ class OnesContext:
         run[n[None, :] > caps[:, None]] = np.inf
         self.run_time = run  # (J, N+1)
         # A queued job is assumed to start on its requested GPUs (capped) once that many are free.
-        self.need = np.clip(requested, 1, caps)
+        self.need = np.clip(inputs.requested, 1, caps)
         self.t_need = run[self.idx, self.need]
         self.ref_rate = np.maximum(table[self.idx, self.need], 1e-12)
         counts = np.arange(1, table.shape[1])
         self.best_rate_per_gpu = np.maximum((table[:, 1:] / counts[None, :]).max(axis=1), 1e-12)
         # The most goodput each job can reach (at any count up to its cap): ``_chain_tail``'s fastest time.
         self.max_rate = np.maximum(np.where(n[None, :] <= caps[:, None], table, 0.0).max(axis=1), 1e-12)
+        # (J,) factors on each job's completion term; None: all 1.
+        self.wait_weights = (None if inputs.waited_s is None else
+                             1.0 + inputs.waited_s / (weights.wait_weight * np.maximum(self.t_need, 1.0)))
 
     def solo_time(self, counts: np.ndarray) -> np.ndarray:
         return self.run_time[self.idx, counts]
@@ -139,13 +167,13 @@ class OnesContext:
         terms = self.terms(pop)
         total = terms.completion.sum(axis=1)
         if self.gpu_time_weight > 0:
-            total = total + self.gpu_time_weight * terms.excess_gpu_s.sum(axis=1) / self.G
+            total = total + self.gpu_time_weight * terms.gpu_time.sum(axis=1) / self.G
         return total
 
     def terms(self, pop: np.ndarray) -> FitnessTerms:
-        """Each job's terms of the fitness in each individual of ``pop`` (P, J): when it starts running (the
-        churn charge of a changed count; a queued job's wait for its request, then the charge), its predicted
-        completion (within the horizon, else the horizon plus its tail; times its wait weight), and the
+        """Each job's terms of the fitness in each individual of ``pop`` (P, J): its predicted completion
+        (within the horizon, else the horizon plus its tail; times its wait weight), which comes after its
+        churn (the charge of a changed count, or of a start) and, queued, its wait for its request; and the
         GPU-seconds it spends beyond its most GPU-efficient size (0 when ``gpu_time_weight`` is 0)."""
         P, J = pop.shape
         H = self.horizon_s
@@ -158,7 +186,9 @@ class OnesContext:
             rate = np.where(kept, self.cur_rate[None, :], rate)
             run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
         finish = np.where(on, cost + run, np.inf)
-        start = np.where(on, cost, self._queue_start(pop, finish) + self.change_cost[None, :])
+        waiting = np.where(on, 0.0, self._queue_start(pop, finish))
+        churn = np.where(on, cost, self.change_cost[None, :])
+        start = np.where(on, cost, waiting + self.change_cost[None, :])
         n_eff = np.where(on, pop, self.need[None, :])
         done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
         left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
@@ -169,14 +199,14 @@ class OnesContext:
         if self.wait_weights is not None:
             completion = completion * self.wait_weights[None, :]
         if self.gpu_time_weight <= 0:
-            return FitnessTerms(start, completion, np.zeros_like(completion))
+            return FitnessTerms(completion, churn, waiting, np.zeros_like(completion))
         # Opportunity cost of inefficient scaling within the horizon: GPU-seconds spent beyond what the
         # same progress costs at the job's most GPU-efficient size delay queued and future jobs.
         busy = np.clip(np.minimum(done_by, H) - start, 0.0, None)
         progress = rate * busy
         used = n_eff * (busy + np.where(on, start, 0.0))  # a scheduled job holds GPUs while restarting
         ref = progress / self.best_rate_per_gpu[None, :]
-        return FitnessTerms(start, completion, np.maximum(used - ref, 0.0))
+        return FitnessTerms(completion, churn, waiting, np.maximum(used - ref, 0.0))
 
     def _chain_tail(self, left: np.ndarray, is_late: np.ndarray) -> np.ndarray:
         """(P, J) ``tail_chain``: how long after the horizon each job still running there (``is_late``) takes to

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from ones_pipeline.core import estimates
 from ones_pipeline.core import goodput as gp
 from ones_pipeline.core.types import (
     Allocation,
@@ -33,10 +32,6 @@ def node_counts(cluster: Cluster, max_n: int) -> np.ndarray:
     """(max_n + 1,) nodes a consolidated placement of n GPUs spans (index 0 unused): ceil(n / node size)."""
     n = np.arange(max_n + 1)
     return np.maximum(np.ceil(n / max(cluster.gpus_per_node)), 1).astype(np.int64)
-
-
-def _measured(job: JobView) -> bool:
-    return bool(job.throughput_obs) and job.grad_noise_scale is not None
 
 
 def _configuration(o: ThroughputObs) -> tuple[int, int, int]:
@@ -79,47 +74,6 @@ def memory_filled_views(jobs: Sequence[JobView]) -> list[JobView]:
     return out
 
 
-def _untuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
-                     fits: gp.Fits | None) -> np.ndarray:
-    """Goodput of not-yet-measured jobs (``rows`` index ``jobs``) at the batch they start with (as
-    ``core.goodput.job_batch``: max(M0, smallest micro-batch x GPUs)), from ``core.estimates`` (the job's
-    own fit, else its model's mean fit, else the prior) and the prior noise scale."""
-    params = estimates.fitted_params(jobs, rows, fits)
-    gns = estimates.noise_scales(jobs)[rows]
-    lim = np.array([gp.batch_limits(j.spec) for j in jobs])[rows]  # (R, 4)
-    batch = np.maximum(lim[:, 0], lim[:, 2] * replicas)
-    micro, accum = gp.split_for(batch, replicas, lim[:, 3], lim[:, 0])
-    return estimates.goodput_of(params, gns, lim[:, 0], lim[:, 3], replicas, nodes, micro * (accum + 1) * replicas)
-
-
-def tuned_goodput(jobs: Sequence[JobView], rows: np.ndarray, nodes: np.ndarray, replicas: np.ndarray,
-                  fits: gp.Fits | None = None) -> np.ndarray:
-    """(R,) goodput (base-equivalent samples/s) of ``jobs[rows[i]]`` on ``nodes[i]`` nodes x
-    ``replicas[i]`` GPUs with the batch the job will pick there itself (``core.goodput.job_batch``); step-time
-    fits memoised in ``fits`` when given.
-
-    Measured jobs: ``best_batch`` under their fitted Pollux model and noise scale (the job's own choice).
-    Others: ``_untuned_goodput``.
-    """
-    rows = np.asarray(rows, dtype=np.int64)
-    out = np.zeros(len(rows))
-    measured = np.array([_measured(j) for j in jobs], dtype=bool)
-    m = measured[rows]
-    if m.any():
-        rj = rows[m]
-        uniq, inv = np.unique(rj, return_inverse=True)
-        fits = fits if fits is not None else gp.Fits()
-        gp.fit_many((jobs[j].throughput_obs for j in uniq), fits)  # all new fits in one batch
-        params = np.stack([gp.fitted(obs_key(jobs[j].throughput_obs), fits) for j in uniq])[inv]  # (R', 7)
-        gns = np.array([jobs[j].grad_noise_scale for j in uniq], dtype=float)[inv]
-        lim = np.array([gp.batch_limits(jobs[j].spec) for j in uniq])[inv]  # (R', 4)
-        out[m], _, _ = gp.best_batch(params, gns, lim[:, 0], lim[:, 1], lim[:, 2], lim[:, 3],
-                                     nodes[m].astype(float), replicas[m].astype(float))
-    if (~m).any():
-        out[~m] = _untuned_goodput(jobs, rows[~m], nodes[~m].astype(float), replicas[~m].astype(float), fits)
-    return np.where(np.isfinite(out), np.maximum(out, 0.0), 0.0)
-
-
 class GoodputRows:
     """``tuned_table``'s memo of measured jobs' rows, owned by one policy: a measured job's row depends only on
     its observations, noise scale, batch limits, cap and the node size, so it is kept under those, and a
@@ -156,17 +110,17 @@ class GoodputRows:
 
 
 def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray, memo: GoodputRows | None = None,
-                fits: gp.Fits | None = None) -> np.ndarray:
+                model: gp.GoodputModel | None = None) -> np.ndarray:
     """(J, N + 1) goodput of each job on n = 0..N GPUs placed on as few nodes as possible (N = max of
     ``caps``; column 0 and n above a job's cap are 0), with the batch the job will pick itself; measured
-    jobs' rows read from and kept in ``memo`` (``GoodputRows``), step-time fits in ``fits``, when given."""
+    jobs' rows read from and kept in ``memo`` (``GoodputRows``), step-time fits in ``model``, when given."""
     J, N = len(jobs), int(caps.max())
     table = np.zeros((J, N + 1))
     gpn = max(cluster.gpus_per_node)
     keys: list[tuple | None] = [None] * J
     todo = np.ones(J, dtype=bool)
     for i, j in enumerate(jobs):
-        if _measured(j):
+        if j.throughput_obs and j.grad_noise_scale is not None:  # measured
             keys[i] = key = (obs_key(j.throughput_obs), float(j.grad_noise_scale), gp.batch_limits(j.spec),
                              int(caps[i]), gpn)
             row = memo.get(key) if memo is not None else None
@@ -178,14 +132,16 @@ def tuned_table(cluster: Cluster, jobs: Sequence[JobView], caps: np.ndarray, mem
         sub = caps[pending]
         rows = np.repeat(pending, sub)
         reps = np.concatenate([np.arange(1, c + 1) for c in sub])
-        table[rows, reps] = tuned_goodput(jobs, rows, node_counts(cluster, N)[reps], reps, fits)
+        model = model if model is not None else gp.GoodputModel()
+        table[rows, reps] = model.goodput(jobs, rows, node_counts(cluster, N)[reps], reps)
         if memo is not None:
             memo.keep([(keys[i], table[i, :caps[i] + 1].copy()) for i in pending if keys[i] is not None])
     return table
 
 
 def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule,
-                    table: np.ndarray | None = None, fits: gp.Fits | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    table: np.ndarray | None = None,
+                    model: gp.GoodputModel | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(goodput, nodes)`` of each job on the GPUs it holds now, both (J,) (0 for queued jobs): a job
     whose count is unchanged keeps its GPUs, so its goodput is that of its real (maybe split) placement.
     ``table`` (``tuned_table``'s): read there where a job's placement is the consolidated one the table
@@ -204,7 +160,8 @@ def current_goodput(cluster: Cluster, jobs: Sequence[JobView], current: Schedule
     else:
         rows = np.flatnonzero(reps > 0)
     if rows.size:
-        out[rows] = tuned_goodput(jobs, rows, nodes[rows], reps[rows], fits)
+        model = model if model is not None else gp.GoodputModel()
+        out[rows] = model.goodput(jobs, rows, nodes[rows], reps[rows])
     return out, nodes
 
 
@@ -219,7 +176,7 @@ def scale_limits(jobs: Sequence[JobView], caps: np.ndarray) -> np.ndarray:
 
 
 def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule, current: Schedule,
-                   fits: gp.Fits | None = None) -> Schedule:
+                   model: gp.GoodputModel | None = None) -> Schedule:
     """``schedule`` with allocations marked ``batch_tuned_by_job``: a job on new GPUs starts with the
     batch ``core.goodput.job_batch`` gives for its real placement (it re-tunes from there itself); a job
     on unchanged GPUs keeps its batch (setting the flag alone costs no restart)."""
@@ -234,9 +191,10 @@ def tuned_schedule(cluster: Cluster, jobs: Sequence[JobView], schedule: Schedule
             fresh.append((name, alloc))
             out[name] = alloc  # its place in the order; replaced below
     views = [by_name[name] for name, _ in fresh]
-    picked = gp.job_batches([v.spec for v in views], [tuple(v.throughput_obs) for v in views],
-                            [v.grad_noise_scale for v in views],
-                            [len(cluster.placement(a.gpus)) for _, a in fresh], [a.num_gpus for _, a in fresh], fits)
+    model = model if model is not None else gp.GoodputModel()
+    picked = model.batches([v.spec for v in views], [tuple(v.throughput_obs) for v in views],
+                           [v.grad_noise_scale for v in views],
+                           [len(cluster.placement(a.gpus)) for _, a in fresh], [a.num_gpus for _, a in fresh])
     for (name, alloc), v, (micro, accum) in zip(fresh, views, picked, strict=True):
         batch = alloc.num_gpus * micro * (accum + 1)
         out[name] = Allocation(name, alloc.gpus, batch, lr_for_batch(v.spec, batch), batch_tuned_by_job=True)

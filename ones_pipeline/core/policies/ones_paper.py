@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.goodput import Fits
+from ones_pipeline.core.goodput import GoodputModel
 from ones_pipeline.core.placement import schedule_from_counts
 from ones_pipeline.core.policies.base import PolicyBase, PolicyParams, check_float, check_int, check_probability
 from ones_pipeline.core.types import Cluster, JobView, Schedule
@@ -70,10 +70,10 @@ class OnesPaperPolicy(PolicyBase):
 
     name = "ones-paper"
 
-    def __init__(self, seed: int = 0, **params: Any) -> None:
+    def __init__(self, seed: int = 0, model: GoodputModel | None = None, **params: Any) -> None:
         super().__init__(seed)
         self.config = OnesPaperParams.from_dict(params)
-        self._fits = Fits()  # step-time fits, kept between decisions
+        self.model = model if model is not None else GoodputModel()  # values the jobs; fits kept between decisions
         self.population: list[list[str | None]] = []  # individuals as job names per slot
         self.caps: dict[str, int] = {}  # current per-job size cap
         self.cap_epoch: dict[str, float] = {}  # epochs done when the job reached its cap
@@ -173,7 +173,7 @@ class OnesPaperPolicy(PolicyBase):
 
     def _throughput_table(self, jobs: Sequence[JobView], max_n: int) -> np.ndarray:
         """(J, max_n + 1) samples/s: measured where seen, else linear in GPUs from the nearest seen count."""
-        params = estimates.fitted_params(jobs, fits=self._fits)
+        params = self.model.prior(jobs)
         out = np.zeros((len(jobs), max_n + 1))
         n = np.arange(1, max_n + 1)
         for i, j in enumerate(jobs):

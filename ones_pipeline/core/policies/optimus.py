@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ones_pipeline.core import estimates
-from ones_pipeline.core.goodput import Fits
+from ones_pipeline.core.goodput import GoodputModel
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policies.base import PolicyBase
 from ones_pipeline.core.policies.common import active_views, held_gpus, new_allocation, submit_order, workload_batch
@@ -26,7 +26,7 @@ class OptimusPolicy(PolicyBase):
 
     Remaining time with ``n`` GPUs = ``remaining_work / throughput(n)``: the remaining base-equivalent
     samples (``estimates.remaining_work``) over the samples/s of the fitted step-time model
-    (``estimates.fitted_params``; priors for jobs never observed) at the fixed global batch
+    (``GoodputModel.prior``; priors for jobs never observed) at the fixed global batch
     ``per_gpu_batch * requested_gpus``, on ``ceil(n / gpus_per_node)`` nodes (consolidated). Every job gets
     one GPU in submit order while GPUs last; each further GPU goes to the job with the largest
     ``T(n) - T(n + 1)`` (a heap, ties to the earlier job), up to ``min(gpu_cap, cluster size, batch)`` GPUs
@@ -39,9 +39,9 @@ class OptimusPolicy(PolicyBase):
 
     name = "optimus"
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, model: GoodputModel | None = None) -> None:
         super().__init__(seed)
-        self._fits = Fits()  # step-time fits, kept between decisions
+        self.model = model if model is not None else GoodputModel()  # values the jobs; fits kept between decisions
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
         views = submit_order(active_views(self.name, jobs))
@@ -60,7 +60,7 @@ class OptimusPolicy(PolicyBase):
         """(J,) GPUs per job, for jobs in submit order."""
         J = len(views)
         gpn = max(cluster.gpus_per_node)
-        params = estimates.fitted_params(views, fits=self._fits)  # (J,) fields
+        params = self.model.prior(views)  # (J,) fields
         work = estimates.remaining_work(views)  # (J,) base-equivalent samples
         gns = estimates.noise_scales(views)  # unused without efficiency, but keeps goodput_of's signature
         base = np.array([v.spec.per_gpu_batch for v in views], dtype=float)

@@ -64,7 +64,7 @@ def _order(views: Sequence[JobView]) -> list[JobView]:
 
 
 def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, fair_replicas: int,
-                  fits: gp.Fits | None = None) -> np.ndarray:
+                  model: gp.GoodputModel | None = None) -> np.ndarray:
     """(J, 3, R + 1) speedup of each job on r GPUs (R = max of ``max_replicas``) within one node (index 1)
     and across nodes (index 2; the model tells only whether a job crosses nodes, not how many it spans);
     index 0 and r above the job's limit are 0. See the module docstring."""
@@ -87,9 +87,9 @@ def speedup_table(views: Sequence[JobView], max_replicas: np.ndarray, fair_repli
         kk = np.array(rows_k)
         rr = np.array(rows_r)
         lim = np.array([gp.batch_limits(v.spec) for v in views])  # (J, 4)
-        fits = fits if fits is not None else gp.Fits()
-        gp.fit_many((tuple(v.throughput_obs) for v in views), fits)  # all new fits in one batch
-        params = np.stack([gp.fitted(tuple(v.throughput_obs), fits) if v.throughput_obs else np.zeros(gp.N_PERF)
+        model = model if model is not None else gp.GoodputModel()
+        model.fit(tuple(v.throughput_obs) for v in views)  # all new fits in one batch
+        params = np.stack([model.fitted(v.throughput_obs) if v.throughput_obs else np.zeros(gp.N_PERF)
                            for v in views])
         gns = np.array([v.grad_noise_scale or 0.0 for v in views])
         good, _, _ = gp.best_batch(params[jj], gns[jj], lim[jj, 0], lim[jj, 1], lim[jj, 2], lim[jj, 3],
@@ -112,9 +112,10 @@ class PolluxPolicy(PolicyBase):
                  restart_penalty_s: float = 30.0, max_scale_out: float = 2.0, max_replicas: int = 64,
                  crossover_p: float = 0.9, pinned_models: Sequence[str] = ("ncf",), jobs_tune_batch: bool = True,
                  time_budget_s: float | None = None, max_cells: int = 20_000_000,
-                 warm_start: str = "positional", keep: str = "front", selection: str = "nsga2") -> None:
+                 warm_start: str = "positional", keep: str = "front", selection: str = "nsga2",
+                 model: gp.GoodputModel | None = None) -> None:
         super().__init__(seed)
-        self.fits = gp.Fits()  # step-time fits, kept between decisions
+        self.model = model if model is not None else gp.GoodputModel()  # values the jobs; fits kept
         if selection not in ("nsga2", "fitness"):
             raise ValueError(f"{self.name}: selection must be 'nsga2' or 'fitness', got {selection!r}")
         self.selection = selection
@@ -343,7 +344,7 @@ class _Problem:
     def __init__(self, policy: PolluxPolicy, now_s: float, cluster: Cluster, views: Sequence[JobView],
                  current: Schedule) -> None:
         self.views = list(views)
-        self.fits = policy.fits
+        self.model = policy.model
         self.names = [v.name for v in views]
         self.J, self.N, self.G = len(views), cluster.num_nodes, cluster.num_gpus
         self.cluster = cluster
@@ -364,7 +365,7 @@ class _Problem:
             limit.append(1 if pinned else max(cap, 1))
         self.max_replicas = np.array(limit, dtype=np.int64)  # (J,)
         fair = int(math.ceil(self.G / self.J))
-        self.speedup = speedup_table(views, self.max_replicas, fair, self.fits) * (self.N / self.G)  # (J, 3, R+1)
+        self.speedup = speedup_table(views, self.max_replicas, fair, self.model) * (self.N / self.G)  # (J, 3, R+1)
         age = np.array([max(now_s - v.submit_time_s, 0.0) for v in views])
         restarts = np.array([v.restarts for v in views], dtype=float)
         delay = policy.restart_penalty_s
@@ -467,7 +468,7 @@ class _Problem:
                 batch = alloc.global_batch
             elif tuned:
                 k = int(np.count_nonzero(state[j]))
-                micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale, k, n, self.fits)
+                micro, accum = self.model.batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale, k, n)
                 batch = n * micro * (accum + 1)
             else:
                 batch = v.spec.per_gpu_batch * v.spec.requested_gpus

@@ -70,7 +70,7 @@ Every round (the simulator's 60 s) the policy chooses, for every active job, at 
   they hold first. If fragmentation leaves a job without room, every job is placed again in that order
   (multi-node first), each preferring the GPUs it holds: with power-of-two single-node counts on
   power-of-two nodes this always fits. Where it still cannot (odd node sizes), the job falls back to
-  the largest of its smaller configurations that fits, or waits.
+  the largest of its smaller configurations that model, or waits.
 
 No random choice is made; the generator of ``PolicyBase`` is kept for the common interface.
 """
@@ -163,9 +163,10 @@ class SiaPolicy(PolicyBase):
                  restart_penalty_s: float = 30.0, restart_penalty_by_model: Mapping[str, float] | None = None,
                  max_scale_out: float = 2.0, max_replicas: int | None = 64, goodput_clip: float = 3000.0,
                  round_decimals: int | None = 2, pinned_models: Sequence[str] = ("ncf",),
-                 jobs_tune_batch: bool = True, preserve_restarting: bool = True) -> None:
+                 jobs_tune_batch: bool = True, preserve_restarting: bool = True,
+                 model: gp.GoodputModel | None = None) -> None:
         super().__init__(seed)
-        self.fits = gp.Fits()  # step-time fits, kept between decisions
+        self.model = model if model is not None else gp.GoodputModel()  # values the jobs; fits kept
         n = self.name
         self.fairness_p = check_float(n, "fairness_p", fairness_p, -10.0, 10.0)
         if self.fairness_p == 0:
@@ -234,7 +235,7 @@ class SiaProblem:
         self.fixed = self._restarting(now_s, running)  # (J,)
         self.capacity = cluster.num_gpus - sum(len(self.held[self.names[j]]) for j in np.flatnonzero(self.fixed))
         self.speedup = normalised_goodput(views, self.cfg_nodes, self.widths, valid, self.pinned,
-                                          policy.fits)  # (J, K)
+                                          policy.model)  # (J, K)
         self.factor = self._restart_factor(now_s)  # (J,)
         self.A, self.value, self.value_none, self.gains = self._objective_terms(valid, running)
 
@@ -351,8 +352,8 @@ class SiaProblem:
             if alloc is not None and tuple(sorted(alloc.gpus)) == tuple(sorted(slots)):
                 batch = alloc.global_batch
             elif tuned:
-                micro, accum = gp.job_batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale,
-                                            int(self.cfg_nodes[k]), n, self.policy.fits)
+                micro, accum = self.policy.model.batch(v.spec, tuple(v.throughput_obs), v.grad_noise_scale,
+                                                       int(self.cfg_nodes[k]), n)
                 batch = n * micro * (accum + 1)
             else:
                 batch = workload_batch(v.spec)
@@ -362,7 +363,7 @@ class SiaProblem:
 
 
 def normalised_goodput(views: Sequence[JobView], cfg_nodes: np.ndarray, widths: np.ndarray, valid: np.ndarray,
-                       pinned: np.ndarray, fits: gp.Fits | None = None) -> np.ndarray:
+                       pinned: np.ndarray, model: gp.GoodputModel | None = None) -> np.ndarray:
     """(J, K) goodput of each job on each configuration at its best batch, over its smallest positive
     value on its valid configurations; 0 where invalid. Jobs without a model (or pinned, or without any
     positive goodput): 1 on the 1-GPU configuration only."""
@@ -376,9 +377,9 @@ def normalised_goodput(views: Sequence[JobView], cfg_nodes: np.ndarray, widths: 
         jj, kk = np.nonzero(valid[idx])
         jj = idx[jj]
         lim = np.array([gp.batch_limits(views[j].spec) for j in modelled])  # (M, 4)
-        fits = fits if fits is not None else gp.Fits()
-        gp.fit_many((tuple(views[j].throughput_obs) for j in modelled), fits)  # all new fits in one batch
-        params = np.stack([gp.fitted(tuple(views[j].throughput_obs), fits) for j in modelled])
+        model = model if model is not None else gp.GoodputModel()
+        model.fit(tuple(views[j].throughput_obs) for j in modelled)  # all new fits in one batch
+        params = np.stack([model.fitted(views[j].throughput_obs) for j in modelled])
         gns = np.array([float(views[j].grad_noise_scale) for j in modelled])
         pos = np.full(J, -1, dtype=np.int64)
         pos[idx] = np.arange(len(modelled))
