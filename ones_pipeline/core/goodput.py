@@ -187,8 +187,14 @@ def batch_limits(spec: JobSpec) -> tuple[float, float, float, float]:
 
 
 class PerfParams(NamedTuple):
-    """The 7 parameters of the step-time equation (module docstring), named as AdaptDL's ``PerfParams``; the
-    model's functions take them as a ``(..., 7)`` array in this order (``np.asarray(params)``)."""
+    """The 7 parameters of the step-time equation, named as AdaptDL's ``PerfParams``; the model's functions take
+    them as a ``(..., 7)`` array in this order (``np.asarray(params)``). On ``k`` nodes, ``n`` GPUs, micro-batch
+    ``b``, ``a`` extra accumulation micro-steps::
+
+        compute = alpha_c + beta_c * b
+        network = alpha_n + beta_n * max(n - 2, 0) if k > 1, alpha_r + beta_r * max(n - 2, 0) if n > 1, else 0
+        step    = a * compute + (compute^gamma + network^gamma)^(1 / gamma)
+    """
 
     alpha_c: float  # compute: constant (s)
     beta_c: float  # compute: per sample of the micro-batch (s)
