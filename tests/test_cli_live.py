@@ -111,8 +111,8 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     config = yaml.safe_load(config_path.read_text())
     runs = config["concurrency"]["runs"]
     limits = runs["tag_concurrency_limits"]
-    assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/cpu-0", "limit": 1},
-                                                     {"key": "ones/cpu-1", "limit": 1}]  # CPU slots, not GPUs
+    assert sorted(limits, key=lambda x: x["key"]) == [  # CPU slots, not GPUs; a slot's tag counts while "held"
+        {"key": "ones/cpu-0", "value": "held", "limit": 1}, {"key": "ones/cpu-1", "value": "held", "limit": 1}]
     assert runs["max_concurrent_runs"] >= 2
     assert config["run_monitoring"]["enabled"] is True
     import dagster as dg

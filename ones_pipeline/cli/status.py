@@ -62,6 +62,14 @@ def waiting_lines(rows: list[dict], runs, slot_ids, device: str) -> list[str]:
             if row["state"] in ("pending", "paused", "retrying")]
 
 
+def slots_text(device: str, run) -> str:
+    """The run's slots as its tags say: its allocation, and a slot it still holds while an in-place shrink
+    finishes ("cpu 0 (freeing 1)"; ``defs.slot_owner``)."""
+    freeing = [s for s in run.held_ids if s not in run.slot_ids]
+    return f"{device} " + ",".join(map(str, run.slot_ids)) + (f" (freeing {','.join(map(str, freeing))})"
+                                                               if freeing else "")
+
+
 def batch_text(run, progress) -> str:
     """The batch the job trains with now: its launch batch, or what the step re-tuned it to (MLflow's latest
     ``global_batch`` of this generation) with its measured noise scale."""
@@ -107,7 +115,7 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
             eta = eta_text(total - p.samples_done, p.samples_done, sum(r.held_s(now) for r in rs))
         in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
-                     "slots": f"{device} " + ",".join(map(str, latest.slot_ids)) if in_flight else "-",
+                     "slots": slots_text(device, latest) if in_flight else "-",
                      "batch": batch_text(latest, p) if in_flight else "-",
                      "progress": _progress_text(spec, p, total), "eta": eta,
                      "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),

@@ -78,7 +78,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
     started_s = time.time()
     try:
         progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
-        with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link):
+        with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link,
+                                                             tracking_uri=mlflow.tracking_uri):
             results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)
