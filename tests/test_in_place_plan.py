@@ -76,3 +76,23 @@ def test_which_changes_each_launcher_makes_in_place():
     assert rank_order("gpu", [1], [0, 1]) == (1, 0) and rank_order("cpu", [1], [0, 1]) == (0, 1)
     with pytest.raises(ValueError, match="launcher kind 'k8s'; allowed: subprocess, docker, slurm"):
         not_in_place("k8s", "cpu", [0], [1], "STARTED")
+
+
+def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
+    """A run held slots 0,1, gave 1 back in place at 150 s and took it again at 180 s: its slot-time (the
+    partition's slot_hours, the cluster report) is 2 x 50 + 1 x 30 + 2 x 20 slot-seconds, not 2 x 100, and
+    its stretches are the same whether or not its step recorded its first slots."""
+    from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
+    from ones_pipeline.defs.slot_owner import held_periods
+
+    run = RunInfo.from_tags("r", "SUCCESS", tags("long", 0, [0, 1]), created_s=99.0, start_s=100.0, end_s=200.0)
+    changes = [{"time_s": 150.0, "run_id": "r", "claimed": [], "freed": [1]},
+               {"time_s": 180.0, "run_id": "r", "claimed": [1], "freed": []},
+               {"time_s": 120.0, "run_id": "other", "claimed": [1], "freed": []}]
+    expected = [(100.0, 150.0, (0, 1)), (150.0, 180.0, (0,)), (180.0, 200.0, (0, 1))]
+    first = {"time_s": 101.0, "run_id": "r", "claimed": [0, 1], "freed": [], "first": True}
+    assert held_periods(run, [first, *changes], now=500.0) == expected
+    assert held_periods(run, changes, now=500.0) == expected
+    spans = [RunSpan("long", 0, slots, s, e, "SUCCESS") for s, e, slots in expected]
+    m = job_metrics(FinishedJob("long", 90.0, 200.0, 0.9, 1.0, 0), spans)
+    assert m["gpu_s"] == 2 * 50 + 30 + 2 * 20 and m["run_s"] == 100.0 and m["generations"] == 1

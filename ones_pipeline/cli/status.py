@@ -125,7 +125,8 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
 
 def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
     """The decision log (``decisions.jsonl``) as text, one line per decision with its time since the first:
-    ``+ 62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2: ...)``; a log longer than ``limit`` shows its first
+    ``+ 62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2 in place: ...)``, then how many changes of running
+    jobs were made in place and how many through a checkpoint; a log longer than ``limit`` shows its first
     ``limit // 2`` and last ``limit // 2`` lines around a count of those left out. Unreadable lines are
     skipped."""
     from ones_pipeline.scheduler.runs import Decision
@@ -139,7 +140,8 @@ def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
         try:
             d = json.loads(line)
             decisions.append(Decision(float(d["time_s"]), d["job"], tuple(d.get("before", ())),
-                                      tuple(d.get("after", ())), int(d.get("global_batch", 0)), d.get("reason", "")))
+                                      tuple(d.get("after", ())), int(d.get("global_batch", 0)), d.get("reason", ""),
+                                      path=str(d.get("path", ""))))
         except (ValueError, KeyError, TypeError):
             continue
     if not decisions:
@@ -149,6 +151,10 @@ def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
     if len(out) > limit:
         half = max(limit // 2, 1)
         out = out[:half] + [f"... {len(out) - 2 * half} more ..."] + out[-half:]
+    paths = [d.path for d in decisions]
+    if "in place" in paths or "checkpoint" in paths:  # how the changes of running jobs were made
+        out.append(f"changes of running jobs: {paths.count('in place')} in place (same run), "
+                   f"{paths.count('checkpoint')} through a checkpoint (a new generation)")
     return out
 
 

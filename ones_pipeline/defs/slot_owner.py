@@ -94,3 +94,46 @@ def free_given_back(instance: dg.DagsterInstance, run_id: str, device: str, job_
         instance.add_run_tags(run_id, {slot_tag(s, device): SLOT_FREE for s in gone})
         record(job_dir, run_id, generation, freed=gone)
     return gone
+
+
+def read_ledger(job_dir: Path) -> list[dict]:
+    """The job's ledger rows, oldest first (an unreadable line is skipped)."""
+    try:
+        lines = (Path(job_dir) / LEDGER).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return sorted(rows, key=lambda r: r.get("time_s", 0.0))
+
+
+def held_periods(run: RunInfo, ledger: list[dict], now: float) -> list[tuple[float, float, tuple[int, ...]]]:
+    """(start, end, slots) of each stretch of ``run`` with one slot set: from its start to its end (or ``now``),
+    split at every in-place claim and free of its ledger rows. Slot-time and the allocation plot read these:
+    a run changed in place does not hold its last slot set for its whole life."""
+    if run.start_s is None:
+        return []
+    end = run.end_s if run.end_s is not None else now
+    mine = [r for r in ledger if r.get("run_id") == run.run_id]
+    changes = [r for r in mine if not r.get("first")]
+    first = next((r for r in mine if r.get("first")), None)
+    if first is not None:
+        held = set(first["claimed"])
+    else:  # its step did not record its start: its slots now, with every change since undone, newest first
+        held = set(run.held_ids)
+        for r in reversed(changes):
+            held = (held - set(r["claimed"])) | set(r["freed"])
+    out, t = [], run.start_s
+    for r in changes:
+        at = min(max(float(r["time_s"]), run.start_s), end)
+        if at > t and held:
+            out.append((t, at, tuple(sorted(held))))
+        t = max(t, at)
+        held = (held | set(r["claimed"])) - set(r["freed"])
+    if end > t and held:
+        out.append((t, end, tuple(sorted(held))))
+    return out
