@@ -6,6 +6,7 @@ plan (cancel runs, request runs, store the cursor). ``plan_tick`` is a pipeline 
 spirit of blox's round loop::
 
     current schedule from runs -> job views -> decide -> hold young runs -> diff into cancels and starts
+                                                                              (or in-place resizes)
 
 The rule "the runs are the truth" lives here:
 
@@ -407,8 +408,9 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
 def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
                                  active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
                                  views: Sequence[JobView] = (), policy=None) -> None:
-    """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
-    generation; one decision record per change, with the numbers behind it (``scheduler.rationale``)."""
+    """Change the slots of a running job in place where its launcher can (``scheduler.in_place``: a ``Resize``
+    of its run, same generation); otherwise cancel its run and launch its new allocation as the next
+    generation; one decision record per change, with its path and the numbers behind it (``rationale``)."""
     ids = inputs.slot_ids
     changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
     whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
