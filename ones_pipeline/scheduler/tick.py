@@ -144,8 +144,9 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     current = current_schedule(inputs, state, plan)
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
-                                          and inputs.now - r.changed_s < settings.min_hold_s})
+    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations and
+                                          inputs.now - max(r.changed_s, state.resizing.get(r.run_id, [0.0])[0])
+                                          < settings.min_hold_s})
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views, policy)
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
