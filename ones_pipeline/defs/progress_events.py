@@ -12,9 +12,9 @@ code serves all three.
 
 In-place changes (``train.resize_control``) show there too: on rank 0's ``resized`` event (or the launcher's
 ``resize_fallback``) the observer frees the slots the run gave up (``defs.slot_owner``), logs
-"grew 1 -> 2 CPU slots in place in 1.8 s" (from the apply run's request to the re-formed group), records it
-as an observation of the partition and counts it on the job's MLflow run (``ones.resizes_in_place``, beside
-``ones.restarts``).
+"grew 1 -> 2 CPU slots in place in 1.8 s, 0.05 s without training" (from the apply run's request to the
+re-formed group; the pause of training), records it as an observation of the partition and counts it on the
+job's MLflow run (``ones.resizes_in_place``, beside ``ones.restarts``).
 
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
@@ -110,7 +110,8 @@ class ProgressObserver:
         took = float(row.get("time_s") or 0.0) - float(tags.get(TAG_RESIZED_AT) or 0.0)
         took_text = f" in {took:.1f} s" if 0 < took < 3600 else ""
         if row.get("event") == "resized":
-            text = f"{verb} {old} -> {new} {word}s in place{took_text}"
+            paused = f", {float(row['paused_s']):.2f} s without training" if row.get("paused_s") is not None else ""
+            text = f"{verb} {old} -> {new} {word}s in place{took_text}{paused}"
         else:
             text = (f"{verb} {old} -> {new} {word}s through a checkpoint in the same run{took_text} "
                     f"(in place failed: {row.get('reason')})")
