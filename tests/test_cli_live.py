@@ -111,8 +111,8 @@ def test_init_writes_instance_and_mlflow_store_then_status_lists_pending(project
     config = yaml.safe_load(config_path.read_text())
     runs = config["concurrency"]["runs"]
     limits = runs["tag_concurrency_limits"]
-    assert sorted(limits, key=lambda x: x["key"]) == [{"key": "ones/cpu-0", "limit": 1},
-                                                     {"key": "ones/cpu-1", "limit": 1}]  # CPU slots, not GPUs
+    assert sorted(limits, key=lambda x: x["key"]) == [  # CPU slots, not GPUs; a slot's tag counts while "held"
+        {"key": "ones/cpu-0", "value": "held", "limit": 1}, {"key": "ones/cpu-1", "value": "held", "limit": 1}]
     assert runs["max_concurrent_runs"] >= 2
     assert config["run_monitoring"]["enabled"] is True
     import dagster as dg
@@ -268,6 +268,15 @@ def test_decision_lines_from_the_log(project: Path):
     env.layout.decisions.write_text("\n".join(json.dumps({**rows[0], "time_s": 1000.0 + i}) for i in range(9)))
     short = decision_lines(env, limit=4)
     assert len(short) == 5 and short[2] == "... 5 more ..." and short[-1].startswith("+   8 s")
+    # each change of a running job says its path, and the log ends with how many took each
+    rows += [{"time_s": 1070.0, "job": "long", "before": [0, 1], "after": [0], "global_batch": 32,
+              "reason": "shrink 2 -> 1 in place", "path": "in place"},
+             {"time_s": 1090.0, "job": "long", "before": [0], "after": [], "global_batch": 0,
+              "reason": "preempt (checkpoint, wait for GPUs)", "path": "checkpoint"}]
+    env.layout.decisions.write_text("\n".join(json.dumps(r) for r in rows))
+    lines = decision_lines(env)
+    assert lines[2] == "+  70 s  long: [0,1] -> [0] batch 32 (shrink 2 -> 1 in place)"
+    assert lines[-1] == "changes of running jobs: 1 in place (same run), 1 through a checkpoint (a new generation)"
 
 
 def test_init_and_status_with_an_unreachable_mlflow_give_one_line_within_seconds(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """End to end: `ones up` (real Dagster webserver + daemon) on a temp project, 3 small jobs on 2 CPU
-slots, checked through GraphQL and MLflow: all materialized, at least one job changed allocation and
-resumed from its checkpoint (one MLflow run, one continuous sample count over >= 2 generations), and no
-slot was ever held by two runs at once."""
+slots, checked through GraphQL and MLflow: all materialized, a running job changed in place (the same run,
+its slot tags claimed and freed) and one resumed from its checkpoint (one MLflow run, one continuous sample
+count over >= 2 generations), and no slot was ever held by two runs at once."""
 
 import json
 import os
@@ -103,6 +103,8 @@ MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... o
   assetMaterializations(limit: 50) { partition runId metadataEntries { label
     ... on FloatMetadataEntry { floatValue } ... on IntMetadataEntry { intValue } \
 ... on TextMetadataEntry { text } } } } } }"""
+OBSERVATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... on Asset {
+  assetObservations(limit: 500) { partition metadataEntries { label ... on TextMetadataEntry { text } } } } } }"""
 RUNS = """{ runsOrError(filter: {tags: [{key: "ones/managed", value: "true"}]}, limit: 200) { ... on Runs {
   results { runId status startTime endTime tags { key value } } } } }"""
 
@@ -142,7 +144,15 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
                                  text=True, timeout=60)
             assert out.returncode == 0, out.stderr
         deadline = time.monotonic() + TIMEOUT_S
+        respecced = False
         while True:
+            if not respecced and (ledger := project / ".ones/state/jobs/long-cnn/slots.jsonl").exists() and any(
+                    not json.loads(line).get("first") for line in ledger.read_text().splitlines()):
+                # Once the long job has been changed in place, a change only the checkpoint path makes: its spec
+                # changes (its budget), so it restarts from its checkpoint in a new generation, and the same
+                # scenario shows both paths.
+                (project / "assets/jobs/long-cnn.yaml").write_text(JOBS["long-cnn"].replace("200", "190"))
+                respecced = True
             mats = graphql(port, MATERIALIZATIONS)["assetOrError"]["assetMaterializations"]
             if {m["partition"] for m in mats} >= set(JOBS):
                 break
@@ -159,6 +169,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
             assert time.monotonic() < deadline, "cluster_report not materialized within 120 s of the last job"
             time.sleep(3)
         runs = graphql(port, RUNS)["runsOrError"]["results"]
+        observations = graphql(port, OBSERVATIONS)["assetOrError"]["assetObservations"]
         failures = failure_messages(port, runs)
         status = subprocess.run([ones, "status", "--project", str(project)], capture_output=True, text=True, timeout=60)
     finally:
@@ -180,24 +191,50 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     assert all(job in entries["report"]["mdStr"] for job in JOBS)
     assert (project / ".ones/state/report/allocation.png").stat().st_size > 1000
 
-    # No slot held by two runs at once (run start..end intervals per slot tag never overlap).
+    # No slot held by two runs at once, in-place changes included. A run holds each slot of its first generation
+    # from its start; one it claimed in place (a grow) from the claim; until it freed it in place (a shrink) or
+    # ended. Claims and frees come from the jobs' slot ledgers (``defs.slot_owner``), which must agree with
+    # the run's final tags ("held" for every slot it still had, "free" for each it gave back).
+    ledger: dict[str, list[dict]] = {}
+    for path in (project / ".ones/state/jobs").glob("*/slots.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            ledger.setdefault(row["run_id"], []).append(row)
     spans: dict[str, list[tuple[float, float, str]]] = {}
+    in_place = 0
     for r in runs:
         if r["startTime"] is None:
             continue
         end = r["endTime"] or time.time()
-        for t in r["tags"]:
-            if t["key"].startswith("ones/cpu-"):  # CPU slots here (cluster: {gpus: none})
-                assert t["value"] == next(x["value"] for x in r["tags"] if x["key"] == "ones/job")
-                spans.setdefault(t["key"], []).append((r["startTime"], end, r["runId"]))
+        tags = {t["key"]: t["value"] for t in r["tags"]}
+        rows = [x for x in ledger.get(r["runId"], []) if not x.get("first")]
+        claimed = {s: x["time_s"] for x in rows for s in x["claimed"]}
+        freed = {s: x["time_s"] for x in rows for s in x["freed"]}
+        in_place += bool(rows)
+        for key, value in tags.items():
+            if key.startswith("ones/cpu-"):  # CPU slots here (cluster: {gpus: none})
+                slot = int(key.rsplit("-", 1)[1])
+                assert value == ("free" if slot in freed and freed[slot] >= claimed.get(slot, 0) else "held"), \
+                    (r["runId"], key, value, rows)
+                spans.setdefault(key, []).append((claimed.get(slot, r["startTime"]), freed.get(slot, end), r["runId"]))
     assert spans, runs
     for slot, intervals in spans.items():
         intervals.sort()
         for (_s1, e1, r1), (s2, _e2, r2) in zip(intervals, intervals[1:], strict=False):
             assert s2 >= e1 - 1e-6, f"{slot} held by {r1} and {r2} at once"
+    # The scheduler changed a running job in place (the subprocess launcher makes both kinds), said so in its
+    # decision record, and the run log, the partition and the MLflow run show it.
+    decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
+    assert in_place and any(d.get("path") == "in place" and "in place" in d["reason"] for d in decisions), decisions
+    changes = [e["text"] for m in observations for e in m["metadataEntries"] if e["label"] == "change"]
+    assert any(" in place in " in text for text in changes), observations  # "grew 1 -> 2 CPU slots in place in 1.8 s"
+    mlflow_client = mlflow.tracking.MlflowClient(f"sqlite:///{project / '.ones/state/mlflow.db'}")
+    resized_runs = mlflow_client.search_runs([mlflow_client.get_experiment_by_name("ones").experiment_id],
+                                             filter_string="tags.`ones.resizes_in_place` != '0'")
+    assert resized_runs and all("in place" in x.data.tags["ones.last_resize"] for x in resized_runs)
 
-    # At least one job changed allocation and resumed from its checkpoint: >= 2 generations that ran,
-    # one MLflow run whose sample count only grows and does not restart from 0.
+    # At least one job resumed from its checkpoint (the long one, after its spec changed): >= 2 generations that
+    # ran, one MLflow run whose sample count only grows and does not restart from 0.
     generations = {}
     for r in runs:
         tags = {t["key"]: t["value"] for t in r["tags"]}

@@ -40,7 +40,7 @@ def test_a_young_run_keeps_its_slots_and_blocks_what_would_need_them():
     long_run = run("long", 0, [0, 1], created=995.0, batch=64)
     held = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
     assert not held.cancels and not held.launches
-    free = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
+    free = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
     assert [c.job for c in free.cancels] == ["long"] and "short" in {x.job for x in free.launches}
     slots = [s for x in free.launches for s in x.slot_ids]
     assert len(slots) == len(set(slots))
@@ -147,7 +147,7 @@ def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots
     'long' carries the predicted time to finish before and after (restart included), the restart cost and
     the job its slot goes to; the cancel reason (the "preempted by ones: ..." line) says the same."""
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
-    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
     (d,) = [d for d in p.decisions if d.job == "long"]
     why = d.why
     assert why["frees_for"] == ["short"] and why["restart_cost_s"] > 0
@@ -196,14 +196,16 @@ def test_a_job_that_waits_says_why_and_who_holds_the_slots():
 
 
 def test_a_cancel_under_way_is_not_decided_again_every_tick():
-    """The apply run of the tick that cancelled a run may take a few ticks to run: meanwhile the run is
+    """(Slurm: the checkpoint path.) The apply run of the tick that cancelled a run may take a few ticks: the run is
     still in flight, and later ticks do not cancel it again nor record the same decision again."""
     runs = [run("long", 0, [0, 1], created=900.0, batch=64)]
-    first = plan([spec("long", 2000), spec("short", 2)], runs, now=1000.0, min_hold_s=0.0)
+    first = plan([spec("long", 2000), spec("short", 2)], runs, now=1000.0, min_hold_s=0.0, launcher="slurm")
     assert [c.job for c in first.cancels] == ["long"] and any(d.job == "long" for d in first.decisions)
-    again = plan([spec("long", 2000), spec("short", 2)], runs, now=1010.0, cursor=first.cursor, min_hold_s=0.0)
+    again = plan([spec("long", 2000), spec("short", 2)], runs, now=1010.0, cursor=first.cursor, min_hold_s=0.0,
+                 launcher="slurm")
     assert not again.cancels and not [d for d in again.decisions if d.job == "long"]
-    later = plan([spec("long", 2000), spec("short", 2)], runs, now=1200.0, cursor=first.cursor, min_hold_s=0.0)
+    later = plan([spec("long", 2000), spec("short", 2)], runs, now=1200.0, cursor=first.cursor, min_hold_s=0.0,
+                 launcher="slurm")
     assert [c.job for c in later.cancels] == ["long"]  # still running 200 s later: the cancel is retried
 
 
@@ -214,12 +216,12 @@ def test_a_job_that_has_trained_its_whole_budget_is_left_to_end_not_moved():
 
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
     specs = [spec("long", 2000), spec("short", 2)]
-    moved = plan(specs, [long_run], now=1000.0, min_hold_s=0.0)
+    moved = plan(specs, [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
     assert [c.job for c in moved.cancels] == ["long"]  # the premise: the policy moves it otherwise
     done = ProgressInfo(samples_done=2000 * 1437)
     inputs = TickInputs(now=1000.0, specs={s.name: s for s in specs}, finished=frozenset(), runs=[long_run],
                         progress={"long": done}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor={})
-    kept = plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=0.0))
+    kept = plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=0.0, launcher="slurm"))
     assert not kept.cancels and not [d for d in kept.decisions if d.job == "long"]
     assert all(set(x.slot_ids).isdisjoint({0, 1}) for x in kept.launches if x.job == "long")
 

@@ -34,7 +34,8 @@ _num = reporting.format_number
 
 @dataclass(frozen=True)
 class RunSpan:
-    """One Dagster run of a training job: one generation holding ``slot_ids`` from ``start_s`` to ``end_s``."""
+    """One Dagster run of a training job (one generation) holding ``slot_ids`` from ``start_s`` to ``end_s``; a run
+    changed in place is one span per slot set it held (``defs.slot_owner.held_periods``)."""
 
     job: str
     generation: int
@@ -77,13 +78,14 @@ def _interval(span: RunSpan, now_s: float) -> tuple[float, float] | None:
 
 def job_metrics(job: FinishedJob, spans: Sequence[RunSpan], now_s: float | None = None) -> dict[str, float]:
     """jct_s = finish - submit; wait_s = first start - submit; run_s = sum of span durations;
-    gpu_s = sum(duration x len(slot_ids)); generations = number of spans that started.
+    gpu_s = sum(duration x len(slot_ids)); generations = number of generations with a span that started.
 
     ``spans`` may hold other jobs' spans (they are ignored). Spans still running count up to ``now_s``
     (default ``time.time()``). ``wait_s`` is NaN when no span started.
     """
     now = time.time() if now_s is None else float(now_s)
-    intervals = [(iv, len(s.slot_ids)) for s in spans if s.job == job.job and (iv := _interval(s, now)) is not None]
+    mine = [(s, iv) for s in spans if s.job == job.job and (iv := _interval(s, now)) is not None]
+    intervals = [(iv, len(s.slot_ids)) for s, iv in mine]
     run_s = sum(e - s for (s, e), _ in intervals)
     gpu_s = sum((e - s) * n for (s, e), n in intervals)
     # The scheduler sees a job before it launches a run of it; a start before the submit is clock skew.
@@ -93,7 +95,7 @@ def job_metrics(job: FinishedJob, spans: Sequence[RunSpan], now_s: float | None 
         "wait_s": float(wait_s),
         "run_s": float(run_s),
         "gpu_s": float(gpu_s),
-        "generations": len(intervals),
+        "generations": len({s.generation for s, _ in mine}),
     }
 
 

@@ -62,6 +62,14 @@ def waiting_lines(rows: list[dict], runs, slot_ids, device: str) -> list[str]:
             if row["state"] in ("pending", "paused", "retrying")]
 
 
+def slots_text(device: str, run) -> str:
+    """The run's slots as its tags say: its allocation, and a slot it still holds while an in-place shrink
+    finishes ("cpu 0 (freeing 1)"; ``defs.slot_owner``)."""
+    freeing = [s for s in run.held_ids if s not in run.slot_ids]
+    return f"{device} " + ",".join(map(str, run.slot_ids)) + (f" (freeing {','.join(map(str, freeing))})"
+                                                               if freeing else "")
+
+
 def batch_text(run, progress) -> str:
     """The batch the job trains with now: its launch batch, or what the step re-tuned it to (MLflow's latest
     ``global_batch`` of this generation) with its measured noise scale."""
@@ -107,7 +115,7 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
             eta = eta_text(total - p.samples_done, p.samples_done, sum(r.held_s(now) for r in rs))
         in_flight = latest is not None and latest.in_flight
         rows.append({"job": job, "state": state,
-                     "slots": f"{device} " + ",".join(map(str, latest.slot_ids)) if in_flight else "-",
+                     "slots": slots_text(device, latest) if in_flight else "-",
                      "batch": batch_text(latest, p) if in_flight else "-",
                      "progress": _progress_text(spec, p, total), "eta": eta,
                      "restarts": max((p.restarts if p else 0), len([r for r in rs if r.start_s is not None]) - 1, 0),
@@ -117,7 +125,8 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
 
 def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
     """The decision log (``decisions.jsonl``) as text, one line per decision with its time since the first:
-    ``+ 62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2: ...)``; a log longer than ``limit`` shows its first
+    ``+ 62 s  long: [0] -> [0,1] batch 64 (grow 1 -> 2 in place: ...)``, then how many changes of running
+    jobs were made in place and how many through a checkpoint; a log longer than ``limit`` shows its first
     ``limit // 2`` and last ``limit // 2`` lines around a count of those left out. Unreadable lines are
     skipped."""
     from ones_pipeline.scheduler.runs import Decision
@@ -131,7 +140,8 @@ def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
         try:
             d = json.loads(line)
             decisions.append(Decision(float(d["time_s"]), d["job"], tuple(d.get("before", ())),
-                                      tuple(d.get("after", ())), int(d.get("global_batch", 0)), d.get("reason", "")))
+                                      tuple(d.get("after", ())), int(d.get("global_batch", 0)), d.get("reason", ""),
+                                      path=str(d.get("path", ""))))
         except (ValueError, KeyError, TypeError):
             continue
     if not decisions:
@@ -141,6 +151,10 @@ def decision_lines(env: EnvConfig, limit: int = 40) -> list[str]:
     if len(out) > limit:
         half = max(limit // 2, 1)
         out = out[:half] + [f"... {len(out) - 2 * half} more ..."] + out[-half:]
+    paths = [d.path for d in decisions]
+    if "in place" in paths or "checkpoint" in paths:  # how the changes of running jobs were made
+        out.append(f"changes of running jobs: {paths.count('in place')} in place (same run), "
+                   f"{paths.count('checkpoint')} through a checkpoint (a new generation)")
     return out
 
 

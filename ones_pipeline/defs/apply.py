@@ -22,21 +22,23 @@ import dagster as dg
 
 from ones_pipeline.config.layout import preempt_request_file
 from ones_pipeline.defs.resources import OnesEnvResource
+from ones_pipeline.defs.slot_owner import claim
 from ones_pipeline.scheduler.runs import IN_FLIGHT
+from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, request_resize
 
 APPLY_JOB_NAME = "ones_apply"
 APPLY_TAG = "ones/apply"
 
 
 class ApplyConfig(dg.Config):
-    plan: str = "{}"  # JSON: {"cancels": [...], "decisions": [...], "failed": {...}, "spec_errors": [...]}
+    plan: str = "{}"  # JSON: {"cancels", "resizes", "decisions": [...], "failed": {...}, "spec_errors": [...]}
 
 
 KEEP_POLICY_STATES = 5  # saved search states kept beside the current one
 
 
 def apply_request(cancels: list, decisions: list, failed: dict | None, spec_errors: list | None,
-                  policy: dict | None = None) -> dg.RunRequest | None:
+                  policy: dict | None = None, resizes: list | None = None) -> dg.RunRequest | None:
     """The run request that applies a tick's acts, or None when there is nothing to do. ``failed`` and
     ``spec_errors``: the new content of their files, None when unchanged. ``policy``: ``{"ref", "state"}``,
     the policy's search state to save under its reference (carried only along with acts: it is not a
@@ -44,6 +46,8 @@ def apply_request(cancels: list, decisions: list, failed: dict | None, spec_erro
     plan: dict = {}
     if cancels:
         plan["cancels"] = cancels
+    if resizes:
+        plan["resizes"] = resizes
     if decisions:
         plan["decisions"] = decisions
     if failed is not None:
@@ -61,7 +65,7 @@ def apply_request(cancels: list, decisions: list, failed: dict | None, spec_erro
     if policy is not None:
         plan["policy"] = policy
     text = json.dumps(plan, sort_keys=True)
-    summary = f"{len(cancels)} cancel(s), {len(decisions)} decision(s)"
+    summary = f"{len(cancels)} cancel(s), {len(resizes or ())} in-place change(s), {len(decisions)} decision(s)"
     return dg.RunRequest(run_key=f"apply-{key}", job_name=APPLY_JOB_NAME,
                          run_config={"ops": {"apply_tick": {"config": {"plan": text}}}},
                          tags={APPLY_TAG: summary})
@@ -125,6 +129,30 @@ def _cancel_all(context: dg.OpExecutionContext, cancels: list[dict], ones_env: O
         _dagster_cancel(context, run_id)
 
 
+def _resize_all(context: dg.OpExecutionContext, resizes: list[dict], ones_env: OnesEnvResource) -> None:
+    """Ask each running generation of ``resizes`` for its new slots in place (``resize_control.request_resize``),
+    shrinks first: a grow claims its new slots on its run's tags once no other run holds them
+    (``slot_owner.claim``), which a shrink of the same tick does once its change is done. A run that is no
+    longer running is left alone (the next tick sees it and decides again)."""
+    instance = context.instance
+    env = ones_env.config()
+    for r in sorted(resizes, key=lambda r: len(r["after"]) - len(r["before"])):
+        run = instance.get_run_by_id(r["run_id"])
+        if run is None or run.status.value != "STARTED":
+            context.log.info(f"run {r['run_id']} ({r['job']}) is {run.status.value if run else 'gone'}: "
+                             f"in-place change not made")
+            continue
+        job_dir = env.job_state_dir(r["job"])
+        if not claim(instance, r, job_dir, DEFAULT_RESIZE_TIMEOUT_S + STOP_MARGIN_S, context.log.warning):
+            continue
+        request_resize(job_dir, r["generation"], r["after"], global_batch=r["global_batch"], lr=r["lr"],
+                       reason=r["reason"])
+        message = (f"resized in place by ones: {r['reason']} (job {r['job']} generation {r['generation']}: slots "
+                   f"{r['before']} -> {r['after']}, global batch {r['global_batch']}; same run)")
+        instance.report_engine_event(message, run)
+        context.log.info(message)
+
+
 def _write_preempt_request(env, cancel: dict) -> None:
     """The request every launcher of the generation polls; written atomically (a half file reads as none)."""
     path = preempt_request_file(env.job_state_dir(cancel["job"]), cancel["generation"])
@@ -141,12 +169,13 @@ def _dagster_cancel(context: dg.OpExecutionContext, run_id: str) -> None:
         context.log.warning(f"could not cancel run {run_id}: {exc}")
 
 
-@dg.op(name="apply_tick", description="Cancel the runs a scheduler tick preempted or resized; record its "
-                                      "decisions and state files")
+@dg.op(name="apply_tick", description="Cancel the runs a scheduler tick preempted or moved through a checkpoint, "
+                                      "resize in place those it changes in place; record its decisions and files")
 def apply_tick(context: dg.OpExecutionContext, config: ApplyConfig, ones_env: OnesEnvResource) -> None:
     plan = json.loads(config.plan)
     layout = ones_env.config().layout
-    _cancel_all(context, plan.get("cancels", []), ones_env)
+    _cancel_all(context, plan.get("cancels", []), ones_env)  # first: they free slots a grow may take
+    _resize_all(context, plan.get("resizes", []), ones_env)
     layout.append_jsonl(layout.decisions, plan.get("decisions", []))
     if "failed" in plan:
         layout.write_json(layout.failed_jobs, plan["failed"])

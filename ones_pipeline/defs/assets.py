@@ -25,6 +25,7 @@ from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_in
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
+from ones_pipeline.defs.slot_owner import held_periods, read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
 
@@ -78,7 +79,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
     started_s = time.time()
     try:
         progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
-        with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link):
+        with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link,
+                                                             tracking_uri=mlflow.tracking_uri):
             results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)
@@ -98,7 +100,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
     last_epoch = _last_event(launcher, allocation, started_s, "epoch") or {}
-    yield _materialization(context, allocation, mlflow, results[0], last_epoch.get("global_batch"))
+    yield _materialization(context, allocation, mlflow, results[0], last_epoch.get("global_batch"),
+                           read_ledger(launcher.ones_env.config().job_state_dir(job)))
 
 
 @contextlib.contextmanager
@@ -185,7 +188,7 @@ def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocati
 
 
 def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource, result: dg.MaterializeResult,
-                     final_batch: int | None = None) -> dg.MaterializeResult:
+                     final_batch: int | None = None, ledger: list | None = None) -> dg.MaterializeResult:
     """The partition's metadata: rounded, units in the names, slots named as the scheduler names them; the
     global batch the job ended with (``final_batch``, from its last epoch, when it re-tuned its own)."""
     reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
@@ -193,14 +196,17 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
         reported["accuracy"] = round(reported["accuracy"], 4)
     now = time.time()
     runs = job_run_infos(context.instance, allocation.job)
+    ledger = ledger or []  # the job's slot ledger (``defs.slot_owner``): slot-time across in-place changes
+    this = next((r for r in runs if r.run_id == context.run.run_id), None)  # its slots now, not at its start
     mlflow_run = str(reported.pop("mlflow_run_id", "") or "")
     kind = "gpu" if allocation.device == "gpu" else "cpu"
     metadata = {
         **reported,
         "jct_s": round(now - allocation.submit_time_s, 1) if allocation.submit_time_s else None,
-        "slot_hours": round(sum(r.held_s(now) * len(r.slot_ids) for r in runs) / 3600.0, 4),
+        "slot_hours": round(sum((e - s) * len(slots) for r in runs
+                                for s, e, slots in held_periods(r, ledger, now)) / 3600.0, 4),
         "generations": len([r for r in runs if r.start_s is not None]),
-        "slots": f"{kind} " + ",".join(str(s) for s in allocation.slot_ids),
+        "slots": f"{kind} " + ",".join(str(s) for s in (this.slot_ids if this else allocation.slot_ids)),
         "global_batch": int(final_batch or reported.get("global_batch") or allocation.global_batch),
         "submit_time_s": dg.MetadataValue.timestamp(allocation.submit_time_s) if allocation.submit_time_s else None,
         "model": allocation.spec.model,
@@ -235,7 +241,8 @@ def cluster_report(context: dg.AssetExecutionContext, ones_env: OnesEnvResource,
             job=job, submit_s=submit_s, finish_s=finish_s, accuracy=_float(meta.get("accuracy")),
             samples=_float(meta.get("samples")), restarts=int(_float(meta.get("restarts")) or 0),
             model=str(meta.get("model", ""))))
-    spans = [RunSpan(r.job, r.generation, r.slot_ids, r.start_s, r.end_s, r.status) for r in job_run_infos(instance)]
+    spans = [RunSpan(r.job, r.generation, slots, start, end, r.status) for r in job_run_infos(instance)
+             for start, end, slots in held_periods(r, read_ledger(env.job_state_dir(r.job)), time.time())]
     out_dir = env.layout.report_dir
     slots = inventory.discover()
     report = build_report(finished, spans, slots.num_slots, out_dir, device=slots.kind)

@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.config import ConfigError, EnvConfig
-from ones_pipeline.scheduler.runs import TAG_JOB, TAG_MANAGED, RunInfo, slot_tag
+from ones_pipeline.scheduler.runs import SLOT_HELD, TAG_JOB, TAG_MANAGED, RunInfo, slot_tag
 
 TRAINING_ASSET = "training_job"
 REPORT_ASSET = "cluster_report"
@@ -20,12 +20,13 @@ IN_FLIGHT_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTE
 
 
 def instance_yaml(slot_ids: Iterable[int], max_runs: int, device: str) -> str:
-    """The instance config: queued runs (at most ``max_runs`` at once, one per slot tag), run monitoring on."""
+    """The instance config: queued runs (at most ``max_runs`` at once; one in-flight run per slot whose tag says
+    ``held``: a run that gave the slot back in place sets it ``free``, ``scheduler.runs``), run monitoring on."""
     import yaml
 
     config = {
         "concurrency": {"runs": {"max_concurrent_runs": int(max_runs),
-                                 "tag_concurrency_limits": [{"key": slot_tag(s, device), "limit": 1}
+                                 "tag_concurrency_limits": [{"key": slot_tag(s, device), "value": SLOT_HELD, "limit": 1}
                                                             for s in slot_ids]}},
         "run_monitoring": {"enabled": True, "start_timeout_seconds": 300, "cancel_timeout_seconds": 180,
                            "poll_interval_seconds": 30},

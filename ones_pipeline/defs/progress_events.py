@@ -10,6 +10,12 @@ accuracy, losses, samples/s, global batch, slots, and the MLflow run. The file i
 every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
 code serves all three.
 
+In-place changes (``train.resize_control``) show there too: on rank 0's ``resized`` event (or the launcher's
+``resize_fallback``) the observer frees the slots the run gave up (``defs.slot_owner``), logs
+"grew 1 -> 2 CPU slots in place in 1.8 s, 0.05 s without training" (from the apply run's request to the
+re-formed group; the pause of training), records it as an observation of the partition and counts it on the
+job's MLflow run (``ones.resizes_in_place``, beside ``ones.restarts``).
+
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
 
@@ -20,7 +26,9 @@ import dagster as dg
 
 from ones_pipeline.config.layout import ProgressTail
 from ones_pipeline.core.types import StopKind
+from ones_pipeline.defs.slot_owner import free_given_back, record
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.runs import TAG_RESIZED_AT, TAG_SLOTS
 
 POLL_S = 2.0
 # At most one observation per this many seconds (the first epoch of a generation always): one per epoch
@@ -32,10 +40,12 @@ class ProgressObserver:
     """Use as a context manager around the step: observations while it trains, the last lines at exit."""
 
     def __init__(self, context: dg.AssetExecutionContext, path: Path, allocation: RunAllocation, run_link=None,
-                 poll_s: float = POLL_S):
+                 poll_s: float = POLL_S, tracking_uri: str | None = None):
         self.context, self.path, self.allocation = context, Path(path), allocation
         self.run_link = run_link  # run id -> metadata value (``MlflowResource.run_link``), or None
         self.poll_s = poll_s
+        self.tracking_uri = tracking_uri  # the MLflow store: in-place changes are counted on the job's run
+        self.changes: list[str] = []  # this run's in-place changes, as logged
         self.mlflow_run: str | None = None
         self.observed = 0
         self._last_observed_s: float | None = None
@@ -44,6 +54,9 @@ class ProgressObserver:
         self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
 
     def __enter__(self) -> "ProgressObserver":
+        # the slot ledger's first row of this run: the slots its tags held when Dagster started it
+        record(self.path.parent, self.context.run.run_id, self.allocation.generation,
+               claimed=self.allocation.slot_ids, first=True)
         self._thread.start()
         return self
 
@@ -62,6 +75,11 @@ class ProgressObserver:
                 continue
             if row.get("event") == "mlflow_run":
                 self.mlflow_run = str(row.get("run_id") or "") or None
+            elif row.get("event") in ("resized", "resize_fallback"):
+                try:
+                    self.changed(row)
+                except Exception as exc:  # never fail the training step; the next event retries the free
+                    self.context.log.warning(f"in-place change not recorded: {exc}")
             elif row.get("event") == "epoch":
                 now = float(row.get("time_s") or 0.0)
                 if self._last_observed_s is not None and now - self._last_observed_s < OBSERVE_EVERY_S:
@@ -74,6 +92,44 @@ class ProgressObserver:
                     self.observed += 1
                 except Exception as exc:  # progress display must never fail the training step
                     self.context.log.warning(f"progress observation not recorded: {exc}")
+
+    def changed(self, row: dict) -> None:
+        """An in-place change is done (or fell back to a checkpoint, in the same run): free the slots given
+        up, say it in the run log, on the partition and on the MLflow run."""
+        instance, run_id = self.context.instance, self.context.run.run_id
+        run = instance.get_run_by_id(run_id)
+        tags = run.tags if run is not None else {}
+        slots = [s for s in tags.get(TAG_SLOTS, "").split(",") if s.strip()]
+        if int(row.get("to") or 0) != len(slots):
+            return  # an earlier change's event: the run has been asked for another since
+        freed = free_given_back(instance, run_id, self.allocation.device, self.path.parent,
+                                self.allocation.generation)
+        old, new = int(row.get("from") or 0), int(row.get("to") or 0)
+        word = "GPU" if self.allocation.device == "gpu" else "CPU slot"
+        verb = "grew" if new > old else "shrank" if new < old else "moved"
+        took = float(row.get("time_s") or 0.0) - float(tags.get(TAG_RESIZED_AT) or 0.0)
+        took_text = f" in {took:.1f} s" if 0 < took < 3600 else ""
+        if row.get("event") == "resized":
+            paused = f", {float(row['paused_s']):.2f} s without training" if row.get("paused_s") is not None else ""
+            text = f"{verb} {old} -> {new} {word}s in place{took_text}{paused}"
+        else:
+            text = (f"{verb} {old} -> {new} {word}s through a checkpoint in the same run{took_text} "
+                    f"(in place failed: {row.get('reason')})")
+        self.changes.append(text)
+        self.context.log.info(f"{self.allocation.job} generation {self.allocation.generation}: {text}; "
+                              f"slots {','.join(slots)}" + (f", freed {freed}" if freed else ""))
+        self.context.log_event(dg.AssetObservation(asset_key=self.context.asset_key, partition=self.allocation.job,
+                                                   metadata={"change": text, "slots": ",".join(slots),
+                                                             "generation": self.allocation.generation,
+                                                             "samples": int(row.get("samples") or 0),
+                                                             "paused_s": _rounded(row.get("paused_s"), 3)}))
+        if self.tracking_uri and self.mlflow_run:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(self.tracking_uri)
+            done = int(client.get_run(self.mlflow_run).data.tags.get("ones.resizes_in_place", 0))
+            client.set_tag(self.mlflow_run, "ones.resizes_in_place", str(done + (row.get("event") == "resized")))
+            client.set_tag(self.mlflow_run, "ones.last_change", f"generation {self.allocation.generation}: {text}")
 
     def metadata(self, row: dict) -> dict:
         """What the partition shows for one epoch: rounded, units in the names, slots named as scheduled."""

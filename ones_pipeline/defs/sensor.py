@@ -7,13 +7,15 @@ Each tick (DESIGN.md section 6):
 3. progress (samples, throughput per configuration, loss/accuracy) is read from MLflow, the slots from
    the inventory resource (once);
 4. ``scheduler.plan_tick`` decides (no Dagster in it);
-5. runs whose allocation changes are to be cancelled: the tick itself acts on nothing (the UI's "Preview
+5. runs whose allocation changes are to be cancelled, or resized in place where the launcher can
+   (``scheduler.in_place``): the tick itself acts on nothing (the UI's "Preview
    tick result" evaluates it for real); it returns one run of ``ones_apply`` (``defs/apply.py``) that
    asks each to stop (the step checkpoints and its run ends green, saying it was preempted; a run that
-   does not stop in time is cancelled through Dagster) and writes the decision log and state files,
-   launched by the daemon for committed ticks only;
+   does not stop in time is cancelled through Dagster), then asks each in-place change of its running
+   generation (the same run spans it; ``defs.slot_owner`` moves the slot tags), and writes the decision log
+   and state files, launched by the daemon for committed ticks only;
 6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
-   (``ones/cpu-<id>``) tag per slot, the ``RunAllocation`` as JSON in the run config;
+   (``ones/cpu-<id>``) tag per slot valued ``held``, the ``RunAllocation`` as JSON in the run config;
 7. the cursor keeps what the next tick needs to be idempotent; the policy's search state goes to
    ``policy/<ref>.json`` through the apply run (committed ticks only), the cursor names it (``policy_ref``).
 Every decision is logged, tagged on the run it creates, recorded as an observation of the job's
@@ -76,6 +78,8 @@ def _bad_specs_line(errors: list[ConfigError]) -> str:
 def _log_plan(context, plan: TickPlan) -> None:
     for c in plan.cancels:
         context.log.info(f"plan: cancel run {c.run_id} ({c.job} generation {c.generation}): {c.reason}")
+    for r in plan.resizes:
+        context.log.info(f"plan: resize run {r.run_id} in place ({r.job} generation {r.generation}): {r.reason}")
     for job, why in plan.newly_failed.items():
         context.log.error(f"job {job} marked failed: {why}")
     for d in plan.decisions:
@@ -107,6 +111,7 @@ def _observations(env: EnvConfig, plan: TickPlan, waiting_seen: dict[str, str]) 
     events = [dg.AssetObservation(asset_key=TRAINING_ASSET, partition=d.job, metadata={
         "decision": d.line(), "slots_before": ",".join(map(str, d.before)) or "-",
         "slots_after": ",".join(map(str, d.after)) or "-", "global_batch": d.global_batch, "reason": d.reason,
+        **({"path": d.path} if d.path else {}),
         "policy": env.policy.name, **_why_metadata(d.why)}) for d in plan.decisions]
     for job, why in sorted(plan.waiting.items()):
         key = hashlib.sha256(why.encode()).hexdigest()[:12]
@@ -129,7 +134,8 @@ def _apply(env: EnvConfig, plan: TickPlan, spec_errors: list[dict] | None,
                  for d in plan.decisions]
     failed_changed = plan.newly_failed or set(plan.cursor["failed"]) != set(previous_failed)  # also a job let go
     return apply_request(cancels, decisions, dict(plan.cursor["failed"]) if failed_changed else None,
-                         spec_errors, {"ref": plan.policy_ref, "state": plan.policy_state})
+                         spec_errors, {"ref": plan.policy_ref, "state": plan.policy_state},
+                         [r.to_dict() for r in plan.resizes])
 
 
 def _saved_policy_state(context, env: EnvConfig, cursor: dict) -> dict | None:

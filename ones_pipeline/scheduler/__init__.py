@@ -9,6 +9,7 @@ from ones_pipeline.scheduler.runs import (
     Decision,
     Launch,
     ProgressInfo,
+    Resize,
     RunInfo,
     TickPlan,
     slot_tag,
@@ -17,5 +18,5 @@ from ones_pipeline.scheduler.settings import SchedulerSettings
 from ones_pipeline.scheduler.tick import TickInputs, plan_tick, progress_wanted
 
 __all__ = ["IN_FLIGHT", "TAG_JOB", "TAG_MANAGED", "Cancel", "Decision", "Launch", "ProgressInfo", "RunAllocation",
-           "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "progress_wanted",
+           "Resize", "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "progress_wanted",
            "slot_tag"]

@@ -24,8 +24,14 @@ TAG_BATCH = "ones/global-batch"
 TAG_REASON = "ones/reason"
 TAG_PREVIOUS = "ones/previous-slots"
 TAG_OUTCOME = "ones/outcome"  # set when a run is preempted after a clean checkpoint: "preempted, checkpointed"
-# One tag per slot held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, its value the job; dagster.yaml limits
-# each key to one run.
+TAG_RESIZED_AT = "ones/resized-at"  # when the apply run last asked the run to change its slots in place (epoch s)
+# Slot ownership: one tag per slot a run has held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, valued ``held`` while
+# the run holds the slot and ``free`` once it gave it back in place. dagster.yaml limits each (key, ``held``) pair
+# to one in-flight run (``defs.instance.instance_yaml``). A tag cannot be removed from a run but its value can
+# change (``add_run_tags``), so an in-place grow claims a slot (adds ``held``) and a shrink frees one (``free``).
+# ``ones/slots`` is the run's allocation: the slots it trains on, or will once its in-place change is done.
+SLOT_HELD = "held"
+SLOT_FREE = "free"
 
 IN_FLIGHT = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED")
 ENDED_BAD = ("FAILURE",)
@@ -60,6 +66,18 @@ class RunInfo:
     start_s: float | None = None
     end_s: float | None = None
     failure_reason: str = ""  # Dagster's ``dagster/failure_reason`` of a failed run
+    held: tuple[int, ...] | None = None  # slots whose tag says ``held`` (None: as ``slot_ids``)
+    resized_s: float | None = None  # when its slots were last changed in place (``TAG_RESIZED_AT``)
+
+    @property
+    def held_ids(self) -> tuple[int, ...]:
+        """The slots this run owns now (while an in-place shrink finishes, also the slot it gives up)."""
+        return self.slot_ids if self.held is None else self.held
+
+    @property
+    def changed_s(self) -> float:
+        """When its allocation last changed: its creation, or its last in-place change."""
+        return max(self.created_s, self.resized_s or 0.0)
 
     @property
     def infra_failure(self) -> bool:
@@ -72,8 +90,12 @@ class RunInfo:
         if tags.get(TAG_MANAGED) != "true" or TAG_JOB not in tags:
             return None
         slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
+        held = tuple(sorted(int(k.rsplit("-", 1)[1]) for k, v in tags.items()
+                            if k.startswith(("ones/cpu-", "ones/gpu-")) and v != SLOT_FREE))
+        resized = tags.get(TAG_RESIZED_AT)
         return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
-                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s, tags.get(TAG_FAILURE_REASON, ""))
+                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s, tags.get(TAG_FAILURE_REASON, ""),
+                   held, float(resized) if resized else None)
 
     @property
     def in_flight(self) -> bool:
@@ -134,7 +156,7 @@ class Launch:
         tags = {TAG_MANAGED: "true", TAG_JOB: self.job, TAG_GENERATION: str(self.generation),
                 TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch),
                 TAG_REASON: self.reason[:200], TAG_PREVIOUS: ",".join(str(s) for s in self.previous_slot_ids) or "-"}
-        tags.update({slot_tag(s, self.allocation.device): self.job for s in self.slot_ids})
+        tags.update({slot_tag(s, self.allocation.device): SLOT_HELD for s in self.slot_ids})
         return tags
 
 
@@ -144,6 +166,33 @@ class Cancel:
     job: str
     generation: int
     reason: str
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Change the slots of a running generation in place (``train.resize_control.request_resize``): carried
+    out by the tick's apply run, which claims the slots it adds before asking; the step frees those it gives
+    up once the change is done. Same run, same generation."""
+
+    run_id: str
+    job: str
+    generation: int
+    before: tuple[int, ...]
+    after: tuple[int, ...]
+    global_batch: int
+    lr: float
+    device: str
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "grow" if len(self.after) > len(self.before) else "shrink" if len(self.after) < len(self.before) \
+            else "move"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "job": self.job, "generation": self.generation, "before": list(self.before),
+                "after": list(self.after), "global_batch": self.global_batch, "lr": self.lr, "device": self.device,
+                "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -161,6 +210,8 @@ class Decision:
     # the one it would pick on these slots at the noise scale it measured (``grad_noise_scale``; None: prior).
     batch_tuned: bool = False
     grad_noise_scale: float | None = None
+    # How the change is made: "in place" (same run, ``Resize``), "checkpoint" (stop, new generation), "" (a start)
+    path: str = ""
 
     def line(self) -> str:
         def fmt(slots: tuple[int, ...]) -> str:
@@ -175,7 +226,7 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {"time_s": self.time_s, "job": self.job, "before": list(self.before), "after": list(self.after),
                 "global_batch": self.global_batch, "reason": self.reason,
-                **({"why": dict(self.why)} if self.why else {}),
+                **({"why": dict(self.why)} if self.why else {}), **({"path": self.path} if self.path else {}),
                 **({"batch_tuned_by_job": True, "grad_noise_scale": self.grad_noise_scale} if self.batch_tuned else {})}
 
 
@@ -183,6 +234,7 @@ class Decision:
 class TickPlan:
     cancels: list[Cancel] = field(default_factory=list)
     launches: list[Launch] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)  # in-place changes of running generations
     decisions: list[Decision] = field(default_factory=list)
     cursor: dict[str, Any] = field(default_factory=dict)
     newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason

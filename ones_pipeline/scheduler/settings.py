@@ -36,7 +36,8 @@ class SchedulerSettings:
     params: Mapping[str, Any] = field(default_factory=dict)
     max_retries: int = 3  # failed runs of a job before it is marked failed
     retry_backoff_s: float = 30.0  # doubled after each failure
-    min_hold_s: float = 0.0  # a run younger than this keeps its allocation (its start-up is not wasted)
+    min_hold_s: float = 0.0  # a run younger than this (or changed in place since) keeps its allocation
+    launcher: str = "subprocess"  # the step launcher's kind: which changes it makes in place (``in_place``)
 
     @classmethod
     def from_env(cls, env: EnvConfig) -> SchedulerSettings:
@@ -45,4 +46,4 @@ class SchedulerSettings:
         params = live_policy_params(env.policy.name, env.policy.params, env.scheduler.decision_budget_s)
         s = env.scheduler
         return cls(policy=env.policy.name, seed=env.policy.seed, params=params, max_retries=s.max_retries,
-                   retry_backoff_s=s.retry_backoff_s, min_hold_s=s.min_run_s)
+                   retry_backoff_s=s.retry_backoff_s, min_hold_s=s.min_run_s, launcher=env.launcher.kind)

@@ -6,6 +6,7 @@ plan (cancel runs, request runs, store the cursor). ``plan_tick`` is a pipeline 
 spirit of blox's round loop::
 
     current schedule from runs -> job views -> decide -> hold young runs -> diff into cancels and starts
+                                                                              (or in-place resizes)
 
 The rule "the runs are the truth" lives here:
 
@@ -42,8 +43,19 @@ from ones_pipeline.core.types import (
     lr_for_batch,
 )
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.in_place import CHECKPOINT, IN_PLACE, not_in_place, rank_order
 from ones_pipeline.scheduler.rationale import explain, waiting_reason
-from ones_pipeline.scheduler.runs import ENDED_BAD, Cancel, Decision, Launch, ProgressInfo, RunInfo, TickPlan, spec_hash
+from ones_pipeline.scheduler.runs import (
+    ENDED_BAD,
+    Cancel,
+    Decision,
+    Launch,
+    ProgressInfo,
+    Resize,
+    RunInfo,
+    TickPlan,
+    spec_hash,
+)
 from ones_pipeline.scheduler.settings import SchedulerSettings
 
 INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
@@ -87,13 +99,17 @@ class _State:
     model_obs: dict[str, list[list[float]]] = field(default_factory=dict)
     # model -> [samples, noise scale]: the noise scale its jobs measured earliest in their training
     model_gns: dict[str, list[float]] = field(default_factory=dict)
+    # run id -> [when a committed tick asked it to change in place, its new slot ids]: its slots until its
+    # tags show them (the apply run sets them), so later ticks neither decide the change again nor undo it
+    resizing: dict[str, list] = field(default_factory=dict)
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
         return cls(dict(cursor.get("submit", {})), dict(cursor.get("spec_hash", {})), dict(cursor.get("failed", {})),
                    dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})),
                    {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()},
-                   {m: list(v) for m, v in cursor.get("model_gns", {}).items()})
+                   {m: list(v) for m, v in cursor.get("model_gns", {}).items()},
+                   {r: list(v) for r, v in cursor.get("resizing", {}).items()})
 
     def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
         """Keep ``obs`` as the newest step times of ``model`` (``core.model_memory.remember``)."""
@@ -128,8 +144,9 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     current = current_schedule(inputs, state, plan)
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations
-                                          and inputs.now - r.created_s < settings.min_hold_s})
+    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations and
+                                          inputs.now - max(r.changed_s, state.resizing.get(r.run_id, [0.0])[0])
+                                          < settings.min_hold_s})
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views, policy)
     plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
@@ -200,8 +217,9 @@ def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Curr
             why = "finished" if job in inputs.finished else "spec removed" if job not in inputs.specs else "job failed"
             _add_cancel(inputs, state, plan, newest, why)
             continue
-        slots = [index_of[s] for s in newest.slot_ids if s in index_of]
-        if len(slots) != len(newest.slot_ids) or not slots:
+        slot_ids = _pending_slots(inputs, state, newest)
+        slots = [index_of[s] for s in slot_ids if s in index_of]
+        if len(slots) != len(slot_ids) or not slots:
             _add_cancel(inputs, state, plan, newest, "holds slots outside the inventory")
             continue
         batch = max(newest.global_batch, 1)
@@ -209,6 +227,16 @@ def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Curr
         allocations[job] = Allocation(job, tuple(slots), batch, lr_for_batch(inputs.specs[job], batch))
         runs[job] = newest
     return _Current(allocations, runs, by_job)
+
+
+def _pending_slots(inputs: TickInputs, state: _State, run: RunInfo) -> tuple[int, ...]:
+    """The run's slots: those an in-place change a committed tick asked for, until its tags show them (or the
+    request is older than ``CANCEL_PENDING_S``: its apply run did not carry it out), else its tags'."""
+    asked = state.resizing.get(run.run_id)
+    if asked is None or tuple(asked[1]) == run.slot_ids or inputs.now - asked[0] >= CANCEL_PENDING_S:
+        state.resizing.pop(run.run_id, None)
+        return run.slot_ids
+    return tuple(int(s) for s in asked[1])
 
 
 def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current, state: _State,
@@ -274,7 +302,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         restarts=max(pr.restarts, len(ran) - 1, 0),
         attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
         run_time_s=sum(r.held_s(now) for r in ran),
-        last_change_s=(cur.start_s or cur.created_s) if cur else None,
+        last_change_s=max(cur.start_s or cur.created_s, cur.resized_s or 0.0) if cur else None,
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
         max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0),
         model_obs=state.prior_obs(spec.model),
@@ -373,7 +401,7 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
         before, after = current.allocations.get(job), new.allocations.get(job)
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
-        if job in spec_changed or before_ids != after_ids or _batch_change(before, after):
+        if job in spec_changed or sorted(before_ids) != sorted(after_ids) or _batch_change(before, after):
             out.append(job)
     return out
 
@@ -381,43 +409,61 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
 def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
                                  active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
                                  views: Sequence[JobView] = (), policy=None) -> None:
-    """Cancel the run of every job whose slots or batch change; launch its new allocation as the next
-    generation; one decision record per change, with the numbers behind it (``scheduler.rationale``)."""
+    """Change the slots of a running job in place where its launcher can (``scheduler.in_place``: a ``Resize``
+    of its run, same generation); otherwise cancel its run and launch its new allocation as the next
+    generation; one decision record per change, with its path and the numbers behind it (``rationale``)."""
     ids = inputs.slot_ids
     changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
     whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
                    policy) if views else {}
     for job in changed_jobs:
         before, after = current.allocations.get(job), new.allocations.get(job)
-        if before is not None and _cancel_pending(inputs, state, current.runs[job].run_id):
+        run = current.runs.get(job)
+        if before is not None and _cancel_pending(inputs, state, run.run_id):
             continue  # an earlier tick's apply run is cancelling it (and launched the next generation): not again
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
         reason = _describe(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
+        path = CHECKPOINT if before is not None else ""
+        if before is not None and after is not None and job not in spec_changed:
+            blocked = not_in_place(settings.launcher, inputs.device, before_ids, after_ids, run.status)
+            path = CHECKPOINT if blocked else IN_PLACE
+            reason += " in place" if not blocked else f" through a checkpoint ({blocked})"
+            if not blocked:
+                after_ids = rank_order(inputs.device, before_ids, after_ids)
         why = whys.get(job)
         if why is not None and why.text():
             reason = f"{reason}: {why.text()}"
-        if before is not None:
-            _add_cancel(inputs, state, plan, current.runs[job], reason)
-        batch = 0
-        if after is not None:
-            spec = inputs.specs[job]
-            batch = min(int(after.global_batch), spec.global_batch_cap)
-            # A generation starts within max_per_gpu_batch per process: a user's script on ``batches()`` cannot
-            # accumulate gradients; one on ``steps()`` (the built-in ones) re-tunes above it in-process.
-            if spec.max_per_gpu_batch is not None:
-                batch = min(batch, spec.max_per_gpu_batch * len(after_ids))
-            generation = max((r.generation for r in current.by_job.get(job, [])), default=-1) + 1
-            allocation = RunAllocation.make(spec, after_ids, inputs.device, batch, generation, state.submit[job],
-                                            lr=after.lr if batch == after.global_batch else None,
-                                            tune_batch=after.batch_tuned_by_job)
-            plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
-            pr = inputs.progress.get(job)
-            state.launch_epochs[job] = round(pr.samples_done / spec.dataset_size, 3) if pr else 0.0
+        batch = _start_batch(inputs.specs[job], after, len(after_ids)) if after is not None else 0
+        if path == IN_PLACE:
+            lr = after.lr if batch == after.global_batch else lr_for_batch(inputs.specs[job], batch)
+            plan.resizes.append(Resize(run.run_id, job, run.generation, before_ids, after_ids, batch, float(lr),
+                                       inputs.device, f"{settings.policy}: {reason}"))
+            state.resizing[run.run_id] = [round(inputs.now, 2), list(after_ids)]
+        else:
+            if before is not None:
+                _add_cancel(inputs, state, plan, run, reason)
+            if after is not None:
+                spec = inputs.specs[job]
+                generation = max((r.generation for r in current.by_job.get(job, [])), default=-1) + 1
+                allocation = RunAllocation.make(spec, after_ids, inputs.device, batch, generation,
+                                                state.submit[job], lr=after.lr if batch == after.global_batch
+                                                else None, tune_batch=after.batch_tuned_by_job)
+                plan.launches.append(Launch(allocation, f"{settings.policy}: {reason}", before_ids))
+                pr = inputs.progress.get(job)
+                state.launch_epochs[job] = round(pr.samples_done / spec.dataset_size, 3) if pr else 0.0
         tuned = after is not None and after.batch_tuned_by_job
         gns = next((v.grad_noise_scale for v in views if v.name == job), None) if tuned else None
         plan.decisions.append(Decision(inputs.now, job, before_ids, after_ids, batch, reason,
-                                       why.to_dict() if why is not None else None, tuned, gns))
+                                       why.to_dict() if why is not None else None, tuned, gns, path))
+
+
+def _start_batch(spec: JobSpec, after: Allocation, n: int) -> int:
+    """The global batch a generation (or an in-place change) starts with: the policy's, within the cap and,
+    per process, within max_per_gpu_batch (a user's script on ``batches()`` cannot accumulate gradients; one
+    on ``steps()``, the built-in ones, re-tunes above it in-process)."""
+    batch = min(int(after.global_batch), spec.global_batch_cap)
+    return min(batch, spec.max_per_gpu_batch * n) if spec.max_per_gpu_batch is not None else batch
 
 
 def waiting_jobs(inputs: TickInputs, new: Schedule, active: Sequence[str]) -> dict[str, str]:
@@ -441,5 +487,6 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State, viewed: Sequence[
         "cancelling": {r: t for r, t in state.cancelling.items() if inputs.now - t < CANCEL_PENDING_S},
         "model_obs": state.model_obs,
         "model_gns": state.model_gns,
+        "resizing": {r: v for r, v in state.resizing.items() if inputs.now - v[0] < CANCEL_PENDING_S},
         "viewed": sorted(viewed),  # jobs this tick's policy saw: the next tick reads the finished ones' progress
     }

@@ -1,0 +1,139 @@
+"""Slot ownership across in-place changes: the run's tags, changed by the apply run (claim) and the step (free).
+
+A Dagster run's tags cannot be removed, but their values can change (``instance.add_run_tags`` updates an
+existing key), and ``dagster.yaml`` limits each ``(ones/<device>-<id>, held)`` pair to one in-flight run
+(``defs.instance.instance_yaml``). So the run's tags stay the one record of who holds what:
+
+* a run is created holding its first generation's slots (``Launch.tags``: ``ones/cpu-0: held``); the queued-run
+  coordinator starts it only once no in-flight run holds any of them;
+* an in-place grow: the apply run waits until no other in-flight run holds the new slots, sets them ``held`` on
+  the run (with ``ones/slots``, the batch and ``ones/resized-at``), and only then writes the resize request;
+* an in-place shrink: the apply run sets ``ones/slots`` and writes the request; the slot stays ``held`` until
+  the step sees the change done (rank 0's ``resized`` event, or the launcher's ``resize_fallback``) and sets
+  it ``free``. A run queued for that slot meanwhile waits in Dagster's queue.
+
+Every claim and free is also appended to the job's ``slots.jsonl`` (time, run, slots), with the run's first
+slots written by its step as it starts: the history the no-double-booking check reads (tags say only "now").
+
+No ``from __future__ import annotations`` (loaded with the Dagster definitions).
+"""
+
+import json
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from ones_pipeline.scheduler.runs import (
+    IN_FLIGHT,
+    SLOT_FREE,
+    SLOT_HELD,
+    TAG_BATCH,
+    TAG_MANAGED,
+    TAG_RESIZED_AT,
+    TAG_SLOTS,
+    RunInfo,
+    slot_tag,
+)
+
+LEDGER = "slots.jsonl"
+
+
+def record(job_dir: Path, run_id: str, generation: int, claimed=(), freed=(), first: bool = False) -> None:
+    """Append one claim/free row to the job's slot ledger."""
+    row = {"time_s": round(time.time(), 3), "run_id": run_id, "generation": int(generation),
+           "claimed": [int(s) for s in claimed], "freed": [int(s) for s in freed], **({"first": True} if first else {})}
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(job_dir) / LEDGER, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
+def holders(instance: dg.DagsterInstance, slots, device: str, but: str) -> dict[int, str]:
+    """Slot -> the in-flight run (other than ``but``) whose tag holds it."""
+    out = {}
+    for rec in instance.get_run_records(dg.RunsFilter(tags={TAG_MANAGED: "true"})):
+        run = rec.dagster_run
+        if run.run_id == but or run.status.value not in (*IN_FLIGHT, "CANCELING"):
+            continue
+        for s in slots:
+            if run.tags.get(slot_tag(s, device)) not in (None, SLOT_FREE):
+                out[int(s)] = run.run_id
+    return out
+
+
+def claim(instance: dg.DagsterInstance, resize: dict, job_dir: Path, wait_s: float, log) -> bool:
+    """Give the run of ``resize`` (``scheduler.runs.Resize.to_dict``) its new allocation on its tags, claiming the
+    slots it adds once no other in-flight run holds them (waited for up to ``wait_s``: a shrink in the same
+    tick frees them when its change is done). False: they stayed held, nothing changed."""
+    added = [s for s in resize["after"] if s not in resize["before"]]
+    deadline = time.monotonic() + wait_s
+    while added and (busy := holders(instance, added, resize["device"], resize["run_id"])):
+        if time.monotonic() > deadline:
+            log(f"{resize['job']}: slot(s) {sorted(busy)} still held by {sorted(set(busy.values()))} after "
+                f"{wait_s:.0f} s: in-place {resize['reason']} not made (the next tick decides again)")
+            return False
+        time.sleep(0.5)
+    tags = {TAG_SLOTS: ",".join(map(str, resize["after"])), TAG_BATCH: str(resize["global_batch"]),
+            TAG_RESIZED_AT: f"{time.time():.2f}", **{slot_tag(s, resize["device"]): SLOT_HELD for s in added}}
+    instance.add_run_tags(resize["run_id"], tags)
+    if added:
+        record(job_dir, resize["run_id"], resize["generation"], claimed=added)
+    return True
+
+
+def free_given_back(instance: dg.DagsterInstance, run_id: str, device: str, job_dir: Path,
+                    generation: int) -> list[int]:
+    """After an in-place change is done: set ``free`` every slot the run holds but its allocation
+    (``ones/slots``) no longer has; return them."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return []
+    info = RunInfo.from_tags(run_id, run.status.value, run.tags)
+    gone = [s for s in (info.held_ids if info else ()) if s not in info.slot_ids]
+    if gone:
+        instance.add_run_tags(run_id, {slot_tag(s, device): SLOT_FREE for s in gone})
+        record(job_dir, run_id, generation, freed=gone)
+    return gone
+
+
+def read_ledger(job_dir: Path) -> list[dict]:
+    """The job's ledger rows, oldest first (an unreadable line is skipped)."""
+    try:
+        lines = (Path(job_dir) / LEDGER).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return sorted(rows, key=lambda r: r.get("time_s", 0.0))
+
+
+def held_periods(run: RunInfo, ledger: list[dict], now: float) -> list[tuple[float, float, tuple[int, ...]]]:
+    """(start, end, slots) of each stretch of ``run`` with one slot set: from its start to its end (or ``now``),
+    split at every in-place claim and free of its ledger rows. Slot-time and the allocation plot read these:
+    a run changed in place does not hold its last slot set for its whole life."""
+    if run.start_s is None:
+        return []
+    end = run.end_s if run.end_s is not None else now
+    mine = [r for r in ledger if r.get("run_id") == run.run_id]
+    changes = [r for r in mine if not r.get("first")]
+    first = next((r for r in mine if r.get("first")), None)
+    if first is not None:
+        held = set(first["claimed"])
+    else:  # its step did not record its start: its slots now, with every change since undone, newest first
+        held = set(run.held_ids)
+        for r in reversed(changes):
+            held = (held - set(r["claimed"])) | set(r["freed"])
+    out, t = [], run.start_s
+    for r in changes:
+        at = min(max(float(r["time_s"]), run.start_s), end)
+        if at > t and held:
+            out.append((t, at, tuple(sorted(held))))
+        t = max(t, at)
+        held = (held | set(r["claimed"])) - set(r["freed"])
+    if end > t and held:
+        out.append((t, end, tuple(sorted(held))))
+    return out

@@ -1,0 +1,98 @@
+"""The tick prefers in-place changes where the launcher can make them (``scheduler.in_place``): a running
+generation's slots change through a ``Resize`` the apply run carries out (same run, same generation), the
+decision record says which path each change took, and later ticks neither repeat nor undo a change asked for."""
+
+import pytest
+
+from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule
+from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
+from ones_pipeline.scheduler.in_place import not_in_place, rank_order
+from ones_pipeline.scheduler.runs import SLOT_FREE, TAG_RESIZED_AT, TAG_SLOTS
+
+
+def spec(name, epochs=50.0):
+    return JobSpec(name=name, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05, max_lr=0.2,
+                   max_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
+
+
+def tags(job, gen, slots, batch=64):
+    return Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test").tags()
+
+
+def plan(runs, now=1000.0, cursor=None, launcher="subprocess", min_hold_s=0.0):
+    specs = [spec("long", 2000), spec("short", 2)]
+    inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=frozenset(), runs=runs, progress={},
+                        slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {})
+    return plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=min_hold_s, launcher=launcher))
+
+
+def test_a_shrink_for_a_new_job_is_made_in_place_and_not_decided_again():
+    """'long' holds both slots, 'short' arrives: the subprocess launcher shrinks 'long' in place (no cancel, no
+    new generation of it), 'short' is launched on the slot it gives up (Dagster's queue holds it until the slot's
+    tag is freed), and the decision says "in place". The next tick, before the apply run has set the tags, sees
+    the change as made; once the tags show it, the run's change time holds it as a young run would be held."""
+    long0 = RunInfo.from_tags("long-0", "STARTED", tags("long", 0, [0, 1]), created_s=900.0, start_s=901.0)
+    p = plan([long0])
+    (resize,) = p.resizes
+    assert (resize.job, resize.run_id, resize.generation, resize.before) == ("long", "long-0", 0, (0, 1))
+    assert len(resize.after) == 1 and resize.kind == "shrink" and resize.global_batch >= 1
+    assert not p.cancels and [x.job for x in p.launches] == ["short"]
+    assert set(p.launches[0].slot_ids).isdisjoint(resize.after)
+    (d,) = [d for d in p.decisions if d.job == "long"]
+    assert d.path == "in place" and "shrink 2 -> 1 in place" in d.reason and d.to_dict()["path"] == "in place"
+    assert "in place" in d.line()
+    again = plan([long0], now=1005.0, cursor=p.cursor)
+    assert not again.resizes and not [x for x in again.decisions if x.job == "long"]
+    # The apply run set the run's slots, the step freed the slot it gave up: the tags are the truth again.
+    done = {**tags("long", 0, [0, 1]), TAG_SLOTS: ",".join(map(str, resize.after)), TAG_RESIZED_AT: "1004.0",
+            **{f"ones/cpu-{s}": SLOT_FREE for s in resize.before if s not in resize.after}}
+    long0b = RunInfo.from_tags("long-0", "STARTED", done, created_s=900.0, start_s=901.0)
+    assert long0b.held_ids == resize.after and long0b.changed_s == 1004.0
+    held = plan([long0b], now=1010.0, cursor=again.cursor, min_hold_s=30.0)
+    assert not held.resizes and not held.cancels and not [x for x in held.decisions if x.job == "long"]
+
+
+@pytest.mark.parametrize(("launcher", "status", "why"), [
+    ("slurm", "STARTED", "a Slurm job's nodes and tasks are fixed"),
+    ("subprocess", "STARTING", "its run is starting, not started"),
+])
+def test_a_change_the_launcher_cannot_make_in_place_takes_the_checkpoint_path_and_says_why(launcher, status, why):
+    long0 = RunInfo.from_tags("long-0", status, tags("long", 0, [0, 1]), created_s=900.0, start_s=901.0)
+    p = plan([long0], launcher=launcher)
+    assert not p.resizes and [c.job for c in p.cancels] == ["long"]
+    (d,) = [d for d in p.decisions if d.job == "long"]
+    assert d.path == "checkpoint" and f"through a checkpoint ({why}" in d.reason
+    assert {x.job: x.generation for x in p.launches}.get("long", 1) == 1
+
+
+def test_which_changes_each_launcher_makes_in_place():
+    assert not_in_place("subprocess", "cpu", [0], [0, 1], "STARTED") is None
+    assert not_in_place("subprocess", "cpu", [0, 1], [1], "STARTED") is None  # CPU ranks are relabelled
+    assert not_in_place("docker", "cpu", [0, 1], [0], "STARTED") is None
+    assert "exactly the GPUs" in not_in_place("docker", "gpu", [0, 1], [0], "STARTED")
+    assert "rank 0's GPU 0" in not_in_place("subprocess", "gpu", [0, 1], [1], "STARTED")
+    assert not_in_place("subprocess", "gpu", [1], [0, 1], "STARTED") is None
+    assert "same slots" in not_in_place("subprocess", "cpu", [0], [0], "STARTED")
+    assert rank_order("gpu", [1], [0, 1]) == (1, 0) and rank_order("cpu", [1], [0, 1]) == (0, 1)
+    with pytest.raises(ValueError, match="launcher kind 'k8s'; allowed: subprocess, docker, slurm"):
+        not_in_place("k8s", "cpu", [0], [1], "STARTED")
+
+
+def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
+    """A run held slots 0,1, gave 1 back in place at 150 s and took it again at 180 s: its slot-time (the
+    partition's slot_hours, the cluster report) is 2 x 50 + 1 x 30 + 2 x 20 slot-seconds, not 2 x 100, and
+    its stretches are the same whether or not its step recorded its first slots."""
+    from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
+    from ones_pipeline.defs.slot_owner import held_periods
+
+    run = RunInfo.from_tags("r", "SUCCESS", tags("long", 0, [0, 1]), created_s=99.0, start_s=100.0, end_s=200.0)
+    changes = [{"time_s": 150.0, "run_id": "r", "claimed": [], "freed": [1]},
+               {"time_s": 180.0, "run_id": "r", "claimed": [1], "freed": []},
+               {"time_s": 120.0, "run_id": "other", "claimed": [1], "freed": []}]
+    expected = [(100.0, 150.0, (0, 1)), (150.0, 180.0, (0,)), (180.0, 200.0, (0, 1))]
+    first = {"time_s": 101.0, "run_id": "r", "claimed": [0, 1], "freed": [], "first": True}
+    assert held_periods(run, [first, *changes], now=500.0) == expected
+    assert held_periods(run, changes, now=500.0) == expected
+    spans = [RunSpan("long", 0, slots, s, e, "SUCCESS") for s, e, slots in expected]
+    m = job_metrics(FinishedJob("long", 90.0, 200.0, 0.9, 1.0, 0), spans)
+    assert m["gpu_s"] == 2 * 50 + 30 + 2 * 20 and m["run_s"] == 100.0 and m["generations"] == 1
