@@ -33,7 +33,7 @@ import numpy as np
 from policy_quality import CACHE, _config, code_digest, workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _batch_grid, _config_rate, _per_job, _placements
+from ones_pipeline.sim.rates import Rates, batch_grid, config_rate, fewest_nodes
 from ones_pipeline.sim.runner import run_one
 
 CLUSTER = Cluster.uniform(16, 4)
@@ -54,7 +54,8 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
                                  f"--workloads {','.join(tokens)} --policies {','.join(policies)} --seed {seed} first")
             runs[p] = record["jct_s"]
         for i, job in enumerate(jobs):
-            jct[job.spec.model]["alone"].append(_per_job(job, CLUSTER, 24, 200)[0])
+            jct[job.spec.model]["alone"].append(Rates(job, CLUSTER, {job.spec.per_gpu_batch * job.spec.requested_gpus})
+                                                .fast_clock[-1])
             for p in policies:
                 jct[job.spec.model][p].append(runs[p][i])
     ones_sum = sum(sum(v["ones"]) for v in jct.values()) if "ones" in policies else None
@@ -75,7 +76,7 @@ def by_model(tokens: list[str], policies: list[str], seed: int) -> None:
 def scaling(token: str) -> None:
     (label, spec), = workloads([token]).items()
     counts = (1, 2, 4, 8, 16, 32, 64)
-    placements = _placements(CLUSTER, max(counts))
+    placements = fewest_nodes(CLUSTER, max(counts))
     print(f"{label}: best goodput at n GPUs / at 1 GPU, at 10 % | 50 % | 90 % of the progress; n = {counts}")
     seen = set()
     for job in spec.load():
@@ -83,13 +84,13 @@ def scaling(token: str) -> None:
             continue
         seen.add(job.spec.model)
         truth, s = job.truth, job.spec
-        batches = sorted(_batch_grid(s, 24))
+        batches = sorted(batch_grid(s, 24))
         parts = []
         for frac in (0.1, 0.5, 0.9):
             at = frac * truth.total_progress
             best = []
             for n in counts:
-                rated = [r for r in (_config_rate(truth, placements[n - 1], b) for b in batches) if r is not None]
+                rated = [r for r in (config_rate(truth, placements[n - 1], b) for b in batches) if r is not None]
                 best.append(max([thr * truth.efficiency(at, total) for total, thr in rated], default=0.0))
             parts.append(" ".join(f"{g / best[0]:5.1f}" for g in best))
         print(f"  {s.model:12s} | " + " | ".join(parts))

@@ -19,6 +19,7 @@ import numpy as np
 from policy_quality import workloads  # same folder (the script's folder is on sys.path)
 
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.report import summarise
 from ones_pipeline.sim.runner import run_one
@@ -33,7 +34,7 @@ def _geomean(xs: list[float]) -> float:
 
 def _run(args):
     label, spec, params, seed = args
-    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(), seed, params)
+    res = run_one(spec, "ones", Cluster.uniform(16, 4), SimConfig(change_costs=PRESETS["pollux"]), seed, params)
     return label, json.dumps(params, sort_keys=True), summarise(res)["mean_jct_s"]
 
 
