@@ -95,6 +95,15 @@ def config_rate(truth, placement: tuple[int, ...], batch: int) -> tuple[int, flo
     return total, total / (step + accum * (step - sync))
 
 
+def efficiencies(truth, points: np.ndarray, batches: list[int]) -> np.ndarray:
+    """``truth.efficiency(p, b)`` for every progress point (rows) and batch (columns): the truth's own
+    ``efficiencies`` where it has one (one noise-scale lookup per point), else one call per pair."""
+    table = getattr(truth, "efficiencies", None)
+    if table is not None:
+        return np.asarray(table(np.asarray(points, dtype=float), batches))
+    return np.array([[truth.efficiency(float(p), b) for b in batches] for p in points])
+
+
 def progress_cuts(truth, batches, pieces: int) -> tuple[list[float], bool]:
     """Where a job's progress axis is cut into pieces of constant efficiency: every point at which the truth
     says its efficiency changes at one of ``batches`` (``next_rate_change``; exact, True), else ``pieces``
@@ -141,7 +150,8 @@ class Rates:
         x = x[np.concatenate(([True], np.diff(x) > 0))]
         # Efficiency per distinct batch per piece: exact at the piece's middle, else the better end.
         at = [0.5 * (x[:-1] + x[1:])] if exact else [x[:-1], x[1:]]
-        eff = {b: np.max([[truth.efficiency(float(p), b) for p in pts] for pts in at], axis=0) for b in distinct}
+        table = np.max([efficiencies(truth, pts, distinct) for pts in at], axis=0).T  # (batches, pieces)
+        eff = dict(zip(distinct, table, strict=True))
         rate = np.zeros((n_max + 1, len(x) - 1))
         for n, cfg in enumerate(configs, start=1):
             for b, thr in cfg:
