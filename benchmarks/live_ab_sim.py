@@ -22,6 +22,7 @@ from ones_pipeline.config import parse_job_spec
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.scheduler.settings import live_policy_params
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, simulate
 
 SLOTS, TICK_S = 2, 5.0  # as live_ab.py runs it
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     options = live_policy_params("ones", json.loads(args.ones))  # as a live project runs ones
     for name in args.policies.split(","):
         policy = make_policy(name, seed=args.seed, **(options if name == "ones" else {}))
-        f = sim_figures(simulate(workload, LiveViews(policy), Cluster.uniform(1, SLOTS), SimConfig(interval_s=TICK_S)))
+        config = SimConfig(interval_s=TICK_S, change_costs=PRESETS["pollux"])  # every change a restart, as live today
+        f = sim_figures(simulate(workload, LiveViews(policy), Cluster.uniform(1, SLOTS), config))
         per_job = " ".join(f"{job} {jct:.0f}" for job, jct in f["jct_s"].items())
         print(f"{name:8s} mean JCT {f['mean_jct_s']:6.0f} s  makespan {f['makespan_s']:6.0f} s  "
               f"restarts {f['restarts']}  | {per_job}")

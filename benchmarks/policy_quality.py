@@ -17,6 +17,10 @@ other code is simulated again, and ``--fresh`` ignores the cache.
 By default every workload of ``docs/results.md``: the 8 at load 1.0, the ONES trace (50 and 400 jobs),
 and the 8 at the authors' loads 0.5 and 1.5 and at 1.25 (a load they did not publish).
 
+``--bound-only``: recompute the bound's figures in ``--out`` (every table's bound column and the ratios to it,
+the tight-bound and regimes sections included) from the policies' mean JCTs the document shows, simulating
+nothing: the bound needs only the trace (``refresh_bounds``).
+
 ``--ones-params JSON``: ``ones`` with these options (cached apart, under a name with the options' hash), to
 see a candidate setting's whole table, p99 and makespan included; write it with ``--out`` elsewhere than
 ``docs/results.md``, which shows the defaults.
@@ -174,7 +178,8 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
         "ratio to the **published Pollux** (the Pollux authors' own simulator, `results-published/pollux-1.0.json`)",
         "where it exists, else to our `pollux`. Pollux workloads (packaged `pollux:workload-N`, 160 jobs each) on",
         "16 nodes x 4 GPUs; the ONES trace (first 50 jobs of `trace_1.csv`, as the paper's artifact, and all 400)",
-        "on 64 GPUs, 4 per node. 60 s scheduling rounds, 30 s lost per start, restart or resize. `bound` is a",
+        "on 64 GPUs, 4 per node. 60 s scheduling rounds, 30 s lost per start, restart or resize, nothing in place",
+        "(`--change-costs pollux`, as the Pollux authors' simulator). `bound` is a",
         "lower bound on the mean JCT of any policy (`docs/simulator.md`). Ground truth and assumptions:",
         "`docs/simulator.md`; how `pollux` reproduces the published numbers: `docs/pollux_fidelity.md`.",
         "",
@@ -202,6 +207,119 @@ def _document(seed: int, ones_vs: str, lines: list[str], summary: list[str], row
     return "\n".join(doc)
 
 
+# ------------------------------------------------------------------------------- --bound-only: the bound, alone
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _secs(cell: str) -> float | None:
+    """The seconds of a cell such as ``955 s (0.46x)``; None for ``-``."""
+    return float(cell.split()[0]) if cell[:1].isdigit() else None
+
+
+def _table(lines: list[str], head: int) -> tuple[list[str], range]:
+    """(column names, line indices of the rows) of the markdown table whose header is ``lines[head]``."""
+    end = head + 2
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return _cells(lines[head]), range(head + 2, end)
+
+
+def refresh_bounds(text: str, bounds: dict[str, float], regime_bounds: dict[str, float] | None = None) -> str:
+    """``docs/results.md``'s text with every figure that derives from the fast bound recomputed from ``bounds``
+    (workload label -> mean JCT bound, s), the policies' mean JCTs read from the document itself (no policy is
+    simulated): the first table's ``bound`` column, the load-1.0 mean's ``bound`` row, the per-load table's
+    ``bound`` and ``ones / bound``, the tight-bound section's ``fast bound`` and what derives from it
+    (``tight / fast``, ``binds``, each policy's ratio to the larger bound, its per-load table), and, with
+    ``regime_bounds`` (cell -> bound), the regimes table's ``bound``. Ratios come from the rounded seconds
+    the document shows, so they can differ from a full regeneration's in the last digit."""
+    from tight_bound import per_load  # same folder; imported here (tight_bound imports this module)
+
+    lines = text.split("\n")
+    means: dict[str, dict[str, float]] = {}
+    for head in [i for i, line in enumerate(lines) if line.startswith("| workload | published Pollux |")][:1]:
+        cols, rows = _table(lines, head)
+        for i in rows:
+            cells = _cells(lines[i])
+            if cells[0] not in bounds:
+                continue
+            means[cells[0]] = {c: v for c, cell in zip(cols, cells, strict=True) if (v := _secs(cell)) is not None}
+            ref = means[cells[0]].get("published Pollux") or means[cells[0]].get("pollux")
+            b = means[cells[0]]["bound"] = bounds[cells[0]]
+            cells[cols.index("bound")] = f"{b:.0f} s ({b / ref:.2f}x)" if ref else f"{b:.0f} s"
+            lines[i] = _row(cells)
+    for i, line in enumerate(lines):
+        if line.startswith("Mean over the") and "published Pollux:" in line:
+            pub = float(line.split("published Pollux:")[1].split()[0])
+            main8 = [lab for lab, m in means.items() if "published Pollux" in m]
+            j = next(k for k in range(i, len(lines)) if lines[k].startswith("| bound |"))
+            b = float(np.mean([bounds[lab] for lab in main8]))
+            lines[j] = f"| bound | {b:.0f} s | {b / pub:.3f}x |"
+        elif line.startswith("| load | workloads | published Pollux |"):
+            cols, rows = _table(lines, i)
+            for k in rows:
+                cells = _cells(lines[k])
+                labs = [lab for lab in means if (lab.partition("@")[2] or "1.0") == cells[0]
+                        and lab.startswith("workload-")]
+                if not labs:
+                    continue
+                b = float(np.mean([bounds[lab] for lab in labs]))
+                ones = float(np.mean([means[lab]["ones"] for lab in labs]))
+                cells[cols.index("bound")] = f"{b:.0f} s"
+                cells[cols.index("ones / bound")] = f"{ones / b:.3f}x"
+                lines[k] = _row(cells)
+        elif line.startswith("| workload | fast bound | tight bound |"):
+            cols, rows = _table(lines, i)
+            for k in rows:
+                cells = _cells(lines[k])
+                if cells[0] not in bounds:
+                    continue
+                fast, tight = bounds[cells[0]], _secs(cells[2])
+                larger = max(fast, tight)
+                cells[1:5] = [f"{fast:.0f} s", cells[2], f"{tight / fast:.2f}x", "tight" if tight > fast else "fast"]
+                for c in range(7, len(cols)):
+                    if (v := _secs(cells[c])) is not None:
+                        cells[c] = f"{v:.0f} s ({v / larger:.2f}x)" + (" BELOW" if v < larger else "")
+                lines[k] = _row(cells)
+        elif line.startswith("| cell |") and regime_bounds:
+            cols, rows = _table(lines, i)
+            for k in rows:
+                cells = _cells(lines[k])
+                if cells[0] in regime_bounds:
+                    cells[cols.index("bound")] = f"{regime_bounds[cells[0]]:.0f}"
+                    lines[k] = _row(cells)
+    # The tight-bound section's per-load table, from its (first) per-workload table.
+    heads = [i for i, line in enumerate(lines) if line.startswith("| load | workloads | fast bound |")]
+    firsts = [i for i, line in enumerate(lines) if line.startswith("| workload | fast bound | tight bound |")]
+    if heads and firsts:
+        _, rows = _table(lines, firsts[0])
+        _, old = _table(lines, heads[0])
+        lines[old.start - 2:old.stop] = per_load([lines[k] for k in rows])
+    return "\n".join(lines)
+
+
+def regimes_bounds(text: str) -> dict[str, float]:
+    """The bound of each cell of the regimes section of ``text`` (``benchmarks/regimes.py``: workload 1 where
+    the section was made with ``--quick``, else 1 and 5), computed as that script computes it."""
+    import regimes  # same folder; imported only here (it loads the ONES trace's catalogue)
+
+    section = kept_section(text, "regimes")
+    if not section:
+        return {}
+    workloads_ = [1] if "--quick" in section else [1, 5]
+    out = {}
+    for cell in regimes.CELLS:
+        found = regimes.instances(cell, workloads_)
+        if found:
+            out[cell] = float(np.mean([lower_bound(jobs, cluster, config).mean_jct_s
+                                       for _, jobs, cluster, config in found]))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
@@ -212,8 +330,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results.md")
     parser.add_argument("--fresh", action="store_true", help="ignore cached simulations")
     parser.add_argument("--ones-params", default="{}", help="JSON object of OnesPolicy options for ones")
+    parser.add_argument("--bound-only", action="store_true",
+                        help="recompute only the bound's figures in --out (refresh_bounds), simulating no policy")
     args = parser.parse_args()
     specs = workloads([w for w in args.workloads.split(",") if w])
+    if args.bound_only:
+        text = args.out.read_text()
+        bounds = {label: lower_bound(spec.load(), Cluster.uniform(16, 4), _config()).mean_jct_s
+                  for label, spec in specs.items()}
+        args.out.write_text(refresh_bounds(text, bounds, regimes_bounds(text)))
+        print("\n".join(f"{label}: {b:.0f} s" for label, b in bounds.items()))
+        print(f"wrote the bound's figures into {args.out}")
+        return
     policies = [p for p in args.policies.split(",") if p]
     published = json.loads(PUBLISHED.read_text()) if PUBLISHED.is_file() else {"jcts": {}, "avgs": {}}
     records = _simulate(specs, policies, args.seed, args.processes, args.fresh,
@@ -254,8 +382,9 @@ def main() -> None:
     doc = _document(args.seed, ones_vs, lines, summary, rows_restart, slowest, list(specs), hosts)
     old = args.out.read_text() if args.out.is_file() else ""
     doc = keep_tight_bound(old, doc)  # benchmarks/tight_bound.py's section stays
-    if regimes := kept_section(old, "regimes"):  # and benchmarks/regimes.py's
-        doc = with_section(doc, "regimes", regimes.split("\n", 1)[1].rsplit("\n", 1)[0])
+    for name in ("regimes", "in-place"):  # and benchmarks/regimes.py's and in_place.py's
+        if kept := kept_section(old, name):
+            doc = with_section(doc, name, kept.split("\n", 1)[1].rsplit("\n", 1)[0])
     args.out.write_text(doc)
     print(f"wrote {args.out} and {plots}/")
 

@@ -46,6 +46,7 @@ from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.reporting import with_section
 from ones_pipeline.sim.bound import lower_bound
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.report import host
@@ -74,7 +75,7 @@ def _thinned(n: int, gpus: int) -> list:
 def instances(cell: str, workloads: list[int]) -> list[tuple[str, list, Cluster, SimConfig]]:
     """``(label, jobs, cluster, config)`` of each simulation instance of ``cell`` (one per workload)."""
     big = Cluster.uniform(16, 4)
-    base = SimConfig(interval_s=60.0, restart_cost_s=RESTART_S)
+    base = SimConfig(interval_s=60.0, restart_cost_s=RESTART_S, change_costs=PRESETS["pollux"])
     if cell.startswith("pollux@"):
         load = cell.split("@")[1]
         return [(f"{cell}/w{n}", _pollux(load, n), big, base) for n in workloads]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.report import host, schedule_digest
@@ -37,8 +38,12 @@ def _spec(name: str) -> WorkloadSpec:
     return WorkloadSpec(workload_path(name), "pollux", max_jobs=JOBS)
 
 
+# 30 s for every change, in place for no policy (the Pollux comparison's costs, which the digests were made with).
+CONFIG = SimConfig(interval_s=60.0, restart_cost_s=30.0, change_costs=PRESETS["pollux"])
+
+
 def digest_of(name: str) -> str:
-    result = run_one(_spec(name), "ones", Cluster.uniform(16, 4), SimConfig(interval_s=60.0, restart_cost_s=30.0), 0)
+    result = run_one(_spec(name), "ones", Cluster.uniform(16, 4), CONFIG, 0)
     return schedule_digest(result)
 
 
@@ -54,8 +59,7 @@ def test_ones_decisions_are_those_recorded(name):
 
 def test_the_digest_tells_runs_with_other_decisions_apart():
     spec = _spec("pollux-0.5:workload-3")
-    config = SimConfig(interval_s=60.0, restart_cost_s=30.0)
-    a, b = (schedule_digest(run_one(spec, "ones", Cluster.uniform(16, 4), config, 0, params))
+    a, b = (schedule_digest(run_one(spec, "ones", Cluster.uniform(16, 4), CONFIG, 0, params))
             for params in ({}, {"min_hold_s": 0.0}))
     assert a != b
 

@@ -259,6 +259,16 @@ def test_efficiency_is_the_noise_scale_rule_and_batch_independent(jobs):
             assert t.efficiency(p, b0 / 2) > 1.0  # smaller batch, fewer epochs
 
 
+def test_the_efficiency_table_is_the_efficiency_of_every_pair(jobs):
+    """``efficiencies`` (what both lower bounds tabulate, ``sim.rates``) gives exactly ``efficiency`` for each
+    progress and batch, beyond the end of training too."""
+    for j in jobs[:50:7]:
+        t, b0 = j.truth, j.spec.per_gpu_batch
+        points = np.array([0.0, 0.3, 0.99, 1.2]) * t.total_progress
+        batches = [b0, 3 * b0, 17 * b0]
+        assert t.efficiencies(points, batches).tolist() == [[t.efficiency(p, b) for b in batches] for p in points]
+
+
 def test_epochs_grow_with_the_global_batch(jobs):
     """Standalone on 4x the requested GPUs a CIFAR job (batch grows 4x under the linear LR rule) needs more
     samples but less time; an ImageNet job already at its max_lr cap keeps its batch: same samples."""

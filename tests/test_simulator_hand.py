@@ -1,18 +1,20 @@
 """Tiny traces whose completion times are worked out by hand for every policy.
 
 Synthetic job type (ones_pipeline.sim.synthetic): every GPU processes 100 samples/s, perfect linear
-scaling, statistical efficiency 1, so ``samples / (100 * gpus)`` seconds. Rounds every 10 s, restarts
-free (restart_cost_s = 0) so the arithmetic stays simple; a job's epoch is a quarter of its samples.
+scaling, statistical efficiency 1, so ``samples / (100 * gpus)`` seconds. Rounds every 10 s, every change
+free (restart_cost_s = 0 for every kind, in place too) so the arithmetic stays simple; a job's epoch is a
+quarter of its samples.
 """
 
 import pytest
 
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.synthetic import synthetic_job
 
-CFG = SimConfig(interval_s=10, restart_cost_s=0)
+CFG = SimConfig(interval_s=10, restart_cost_s=0, change_costs=PRESETS["pollux"])
 
 
 def run(policy, jobs, gpus, **params):

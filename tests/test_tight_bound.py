@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.bound import lower_bound
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, simulate
 from ones_pipeline.sim.packaged import workload_path
 from ones_pipeline.sim.synthetic import synthetic_job
@@ -92,7 +94,8 @@ def test_tight_bound_below_exhaustive_optimum_and_within_ten_percent(case):
     spec, gpus, cost = TINY[case]
     jobs = [synthetic_job(f"j{i}", s, w, requested_gpus=1, samples_per_gpu_s=100.0, sync_s=sync,
                           max_local_batch=64) for i, (s, w, sync) in enumerate(spec)]
-    config = SimConfig(interval_s=60.0, restart_cost_s=cost)
+    # Every change costs ``cost``, nothing in place: the model the exhaustive search enumerates.
+    config = SimConfig(interval_s=60.0, restart_cost_s=cost, change_costs=PRESETS["pollux"])
     cluster = Cluster.uniform(1, gpus)
     opt = _optimum(jobs, gpus, 60.0, cost)
     b = tight_bound(jobs, cluster, config, time_budget_s=20.0, cell_s=0.25)
@@ -108,16 +111,22 @@ def test_tight_bound_below_exhaustive_optimum_and_within_ten_percent(case):
 
 
 def test_tight_bound_below_every_policy_on_a_contended_pollux_sample():
-    """The first 24 jobs of workload-6 on 2 nodes of 4 GPUs: contention makes the tight bound bind, and no
-    policy gets below it."""
+    """The first 24 jobs of workload-6 on 2 nodes of 4 GPUs: with every change a restart, contention makes the
+    tight bound bind, and no policy gets below it; with in-place changes (the default change costs) the
+    bound charges a change the least it can cost, and ``ones``, resizing in place, stays above it too."""
     jobs = load_pollux_workload(workload_path("pollux:workload-6"))[:24]
-    cluster, config = Cluster.uniform(2, 4), SimConfig(interval_s=120.0)
+    cluster, config = Cluster.uniform(2, 4), SimConfig(interval_s=120.0, change_costs=PRESETS["pollux"])
     b = tight_bound(jobs, cluster, config, time_budget_s=4.0)
     assert b.binds == "tight" and b.lagrangian_s > b.fast_s
     assert b.to_dict()["mean_jct_s"] == b.mean_jct_s
     for name in ("fifo", "tiresias"):
         res = simulate(jobs, make_policy(name, seed=0), cluster, config)
         assert sum(r.jct_s for r in res.jobs) / len(jobs) >= b.mean_jct_s, name
+    in_place = SimConfig(interval_s=120.0)
+    b = tight_bound(jobs, cluster, in_place, time_budget_s=4.0)
+    res = simulate(jobs, make_policy("ones", seed=0), cluster, in_place)
+    assert sum(r.in_place for r in res.jobs) > 0  # it resized in place
+    assert sum(r.jct_s for r in res.jobs) / len(jobs) >= b.mean_jct_s
 
 
 def test_tight_bound_rejects_an_empty_workload():
@@ -142,10 +151,9 @@ def test_simulate_prints_both_bounds_with_bound_tight(tmp_path, capsys):
 
 
 def test_rates_take_the_best_placement_not_only_the_fewest_nodes():
-    """Every placement of up to 16 GPUs, and spreads above: on the Pollux profiles more nodes can be faster,
-    so yolov3's fastest run alone is below what the fewest nodes give (the fast bound's rate model)."""
-    from ones_pipeline.sim.bound import _per_job
-    from ones_pipeline.sim.job_paths import Rates, placements_of
+    """Every placement of up to 16 GPUs, and spreads above: on the Pollux profiles more nodes can be faster
+    (yolov3 at its own per-GPU batch on 16 GPUs), and the rates both bounds share take the best of them."""
+    from ones_pipeline.sim.rates import Rates, config_rate, fewest_nodes, placements_of
 
     cluster = Cluster.uniform(16, 4)
     assert placements_of(cluster, 5) == [(1, 1, 1, 1, 1), (2, 1, 1, 1), (2, 2, 1), (3, 1, 1), (3, 2), (4, 1)]
@@ -153,5 +161,10 @@ def test_rates_take_the_best_placement_not_only_the_fewest_nodes():
     assert (4, 4, 4, 4, 4, 4, 4, 4, 1) in big and (3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2) in big
     assert all(sum(p) == 33 and len(p) <= 16 and max(p) <= 4 for p in big)
     job = next(j for j in load_pollux_workload(workload_path("pollux:workload-6")) if j.spec.model == "yolov3")
-    fewest_nodes_alone, _ = _per_job(job, cluster, 24, 200)
-    assert Rates(job, cluster, set()).fast_clock[-1] < 0.9 * fewest_nodes_alone
+    batch = 16 * job.spec.per_gpu_batch
+    on_fewest = config_rate(job.truth, fewest_nodes(cluster, 16)[-1], batch)[1]
+    total, on_best = max(config_rate(job.truth, pl, batch) for pl in placements_of(cluster, 16))
+    assert on_best > 1.1 * on_fewest
+    rates = Rates(job, cluster, {batch})
+    middles = 0.5 * (rates.x[:-1] + rates.x[1:])  # the Pollux profiles say where efficiency changes: exact
+    assert np.all(rates.rate[16] >= on_best * np.array([job.truth.efficiency(p, total) for p in middles]) * (1 - 1e-9))

@@ -20,6 +20,7 @@ import numpy as np
 
 from ones_pipeline.bench_workloads import CLUSTER, workloads
 from ones_pipeline.config import traces_dir_from_environment
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.report import summarise
 from ones_pipeline.sim.runner import run_one
@@ -37,7 +38,7 @@ def _geomean(xs: list[float]) -> float:
 
 def _run(args):
     label, spec, params, seed = args
-    res = run_one(spec, "ones", CLUSTER, SimConfig(), seed, params)
+    res = run_one(spec, "ones", CLUSTER, SimConfig(change_costs=PRESETS["pollux"]), seed, params)
     return label, json.dumps(params, sort_keys=True), summarise(res)["mean_jct_s"]
 
 

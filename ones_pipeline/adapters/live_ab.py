@@ -33,6 +33,7 @@ from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
 from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
 
@@ -290,7 +291,10 @@ def simulate_policies(workload: Sequence[SimJob], policies: Sequence[str], slots
     out = {}
     for name in policies:
         policy = make_policy(name, seed=seed, **dict((params or {}).get(name, {})))
-        result = simulate(workload, LiveViews(policy), cluster, SimConfig(interval_s=interval_s))
+        # Every change a restart, nothing in place: the live scheduler resizes in place only once issue 36's
+        # control plane lands (the restart's cost: the jobs' own, ``restart_cost_s``).
+        config = SimConfig(interval_s=interval_s, change_costs=PRESETS["pollux"])
+        result = simulate(workload, LiveViews(policy), cluster, config)
         out[name] = sim_figures(result)
     return out
 

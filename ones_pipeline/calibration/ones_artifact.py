@@ -30,6 +30,7 @@ import pandas as pd
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.ones_catalogue import Catalogue, catalogue
 from ones_pipeline.sim.ones_history import ARTIFACT_PROFILE, read_artifact_rows, read_job_history
@@ -90,7 +91,7 @@ def compare(result: SimResult, ones_dir: Path = ONES_DIR) -> Comparison:
 def run(jobs: Sequence[SimJob], policy: str = "tiresias", interval_s: float = 60.0, seed: int = 0,
         **params) -> SimResult:
     return simulate(list(jobs), make_policy(policy, seed=seed, **params), Cluster.uniform(16, 4),
-                    SimConfig(interval_s=interval_s))
+                    SimConfig(interval_s=interval_s, change_costs=PRESETS["pollux"]))  # as calibrated
 
 
 def load_50(ones_dir: Path = ONES_DIR, artifact: bool = True) -> list[SimJob]:

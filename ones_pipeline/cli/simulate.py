@@ -41,6 +41,15 @@ def _policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _change_costs(text: str):
+    from ones_pipeline.sim.change_costs import parse_change_costs
+
+    try:
+        return parse_change_costs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _costs_by_model(text: str) -> dict[str, float]:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -76,7 +85,15 @@ def add_command(sub: SubcommandAdder) -> None:
     sim.add_argument("--jobs", type=_positive_int, default=None, help="simulate only the first N jobs")
     sim.add_argument("--interval", type=_positive_float, default=60.0, help="scheduling round in seconds (60)")
     sim.add_argument("--restart-cost", type=float, default=30.0,
-                     help="seconds without progress after each start/resize/preemption (30)")
+                     help="seconds without progress after a start or a restart from a checkpoint (30), and after "
+                          "every change where --change-costs leaves a kind to the job type's own ('own')")
+    sim.add_argument("--change-costs", type=_change_costs, default="default", metavar="PRESET[,KIND=S,...]",
+                     help="seconds without progress per kind of change (start, grow, shrink: in place; restart: "
+                          "through a checkpoint) and the policies resizing in place (in_place=ones+ones-paper): "
+                          "default (grow 0.05, shrink 0.04 in place, as benchmarks/resize_cost.py measured, for "
+                          "ones and ones-paper; start and restart --restart-cost), pollux (every change "
+                          "--restart-cost, nothing in place: the Pollux comparison), live (start 19.8, grow "
+                          "0.05, shrink 0.04, restart 5.64: 2 CPU slots); e.g. default,grow=2,shrink=1")
     sim.add_argument("--restart-cost-by-model", type=_costs_by_model, default={}, metavar="MODEL=S,...",
                      help="per job type restart costs, e.g. imagenet=60,ncf=10 (override --restart-cost)")
     sim.add_argument("--seed", type=int, default=0, help="random seed of the policies (0)")
@@ -102,7 +119,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     gpn = min(args.gpus_per_node or default_gpn, gpus)
     cluster = Cluster.from_total(gpus, gpn)
     config = SimConfig(interval_s=args.interval, restart_cost_s=args.restart_cost,
-                       restart_cost_by_model=args.restart_cost_by_model)
+                       restart_cost_by_model=args.restart_cost_by_model, change_costs=args.change_costs)
     print(f"simulating {workload.label} ({workload.kind}, {args.jobs or 'all'} jobs) on {gpus} GPUs "
           f"({gpn} per node), {args.interval:.0f} s rounds, policies: {','.join(args.policies)}", file=sys.stderr)
     results = run_policies(workload, args.policies, cluster, config, seed=args.seed, processes=args.processes,
@@ -123,6 +140,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 "kind": workload.kind, "jobs": args.jobs, "gpus": gpus,
                 "gpus_per_node": gpn, "interval_s": args.interval, "restart_cost_s": args.restart_cost,
                 "restart_cost_by_model": args.restart_cost_by_model,
+                "change_costs": {**{k: getattr(args.change_costs, k) for k in ("start", "grow", "shrink", "restart")},
+                                 "in_place": list(args.change_costs.in_place)},
                 "seed": args.seed}
         summaries = write_outputs(results, args.out, meta, title=f"{workload.label}: JCT CDF", bound=bound)
     else:

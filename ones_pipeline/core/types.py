@@ -379,6 +379,10 @@ class JobView:
     # ... and the noise scale they measured earliest in their training (``core.model_memory.remember_noise``);
     # None: none remembered, or the job has measured its own steps.
     model_gns: float | None = None
+    # Seconds without training that each kind of change costs this job where it runs, as the environment
+    # measured them: "start", "grow" and "shrink" (in place), "restart" (through a checkpoint; where the
+    # environment cannot resize in place, grow and shrink cost a restart). Empty: not known.
+    change_costs: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     @property
     def name(self) -> str:

@@ -25,14 +25,12 @@ Two relaxations, and their combination, which is the bound:
     counts alone: the big jobs that (a) lets each have the cluster also queue behind one another in (b).
 
 Shared by both: a job can first run at the first round boundary at or after its submission (the
-simulator's rounds are multiples of ``interval_s``), plus its restart cost (every first start pays it).
-Configurations: ``n`` GPUs on the fewest nodes (an assumption the Pollux profiles do not bear out: at small
-per-GPU batches more nodes can be faster, so (a) is not strictly a bound for every job; ``sim.tight_bound``
-takes the best placement), total batches on a geometric grid from the job's smallest
-(``min_global_batch`` or ``per_gpu_batch``) to its largest batch plus the workload's own batch, split
-as the simulator splits them. Efficiency depends on progress; where the truth says where it changes
-(``next_rate_change``) the progress axis is cut there and each piece is exact, otherwise it is cut into
-``pieces`` equal parts and each part takes the better of its two ends.
+simulator's rounds are multiples of ``interval_s``), plus the dead time of its first start. Its rates:
+``sim.rates.Rates``, the best over placements, batches and accumulation at each GPU count and progress
+(the model the tight bound uses too). All placements count: at small per-GPU batches more nodes are faster
+in the Pollux profiles (yolov3 alone 6171 s at best against 7258 s on the fewest nodes, deepspeech2 1656
+against 1777 s), so a bound on the fewest nodes alone, as this one was until issue 38, was above what a
+schedule can reach for those jobs.
 """
 
 from __future__ import annotations
@@ -46,6 +44,7 @@ import numpy as np
 
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.sim.engine import SimConfig
+from ones_pipeline.sim.rates import rates_by_type
 from ones_pipeline.sim.truth import SimJob
 
 
@@ -69,112 +68,6 @@ class Bound:
                 "srpt_mean_jct_s": self.srpt_s, "combined_mean_jct_s": self.combined_s, "jobs": self.jobs}
 
 
-def _placements(cluster: Cluster, up_to: int) -> list[tuple[int, ...]]:
-    """Fewest-nodes placement of n = 1..up_to GPUs (largest nodes first)."""
-    sizes = sorted(cluster.gpus_per_node, reverse=True)
-    out = []
-    for n in range(1, up_to + 1):
-        left, pl = n, []
-        for s in sizes:
-            if left <= 0:
-                break
-            pl.append(min(s, left))
-            left -= pl[-1]
-        out.append(tuple(sorted(pl, reverse=True)))
-    return out
-
-
-def _split(truth, n: int, batch: int) -> tuple[int, int]:
-    split = getattr(truth, "split_batch", None)
-    if split is not None:
-        micro, accum = split(n, batch)
-        return int(micro), int(accum)
-    local = math.ceil(batch / n)
-    accum = max(math.ceil(local / truth.max_local_batch) - 1, 0)
-    return math.ceil(local / (accum + 1)), accum
-
-
-def _batch_grid(spec, grid: int) -> set[int]:
-    """Total batches on a geometric grid of ``grid`` points from the job's smallest batch (``min_global_batch``
-    or ``per_gpu_batch``) to its largest (64x the smallest when uncapped)."""
-    m0 = int(spec.min_global_batch or spec.per_gpu_batch)
-    top = spec.global_batch_cap
-    if top >= 2**60:
-        top = 64 * m0
-    return {int(round(b)) for b in np.geomspace(m0, max(top, m0), grid)}
-
-
-def _config_rate(truth, placement: tuple[int, ...], batch: int) -> tuple[int, float] | None:
-    """(total batch as split, samples/s) of ``batch`` on ``placement`` (GPUs per node), split as the simulator
-    splits it; None where the split leaves no sample per GPU."""
-    n = sum(placement)
-    micro, accum = _split(truth, n, batch)
-    if micro < 1:
-        return None
-    step, sync = truth.step_time(placement, micro)
-    total = n * micro * (accum + 1)
-    return total, total / (step + accum * (step - sync))
-
-
-def _per_job(job: SimJob, cluster: Cluster, grid: int, pieces: int) -> tuple[float, float]:
-    """(least run time alone in s, least GPU-seconds) of one job over its configurations."""
-    spec, truth = job.spec, job.truth
-    batches = sorted(_batch_grid(spec, grid) | {spec.per_gpu_batch * spec.requested_gpus})
-    n_max = max(1, min(spec.gpu_cap, cluster.num_gpus))
-    placements = _placements(cluster, n_max)
-    # Per batch: the best raw throughput over GPU counts, and the best throughput per GPU.
-    actual, fast, fast_b, lean = [], [], [], []
-    for b in batches:
-        best_t, best_g, real, real_t = 0.0, 0.0, b, b
-        for pl in placements:
-            n = sum(pl)
-            rated = _config_rate(truth, pl, b)
-            if rated is None:
-                continue
-            total, thr = rated
-            if thr > best_t:
-                best_t, real_t = thr, total
-            if thr / n > best_g:
-                best_g, real = thr / n, total
-        actual.append(real)
-        fast.append(best_t)
-        fast_b.append(real_t)
-        lean.append(best_g)
-    # The progress axis: exact pieces where the truth says where its efficiency changes.
-    cuts, exact = progress_cuts(truth, set(actual) | set(fast_b), pieces)
-    time_s = gpu_s = 0.0
-    for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):
-        if hi <= lo:
-            continue
-        at = [0.5 * (lo + hi)] if exact else [lo, hi]
-        rate = max(fast[i] * truth.efficiency(p, fast_b[i]) for i in range(len(batches)) for p in at)
-        per_gpu = max(lean[i] * truth.efficiency(p, actual[i]) for i in range(len(batches)) for p in at)
-        time_s += (hi - lo) / rate
-        gpu_s += (hi - lo) / per_gpu
-    return time_s, gpu_s
-
-
-def progress_cuts(truth, batches, pieces: int) -> tuple[list[float], bool]:
-    """Where a job's progress axis is cut into pieces of constant efficiency: every point at which the truth
-    says its efficiency changes at one of ``batches`` (``next_rate_change``; exact, True), else ``pieces``
-    equal pieces (False). Sorted, from 0 to the total progress."""
-    total = float(truth.total_progress)
-    changes = getattr(truth, "next_rate_change", None)
-    cuts = {0.0, total}
-    if changes is None:
-        cuts.update(np.linspace(0.0, total, pieces + 1).tolist())
-        return sorted(cuts), False
-    for b in batches:
-        p = 0.0
-        while True:
-            nxt = changes(p, b)
-            if nxt is None or not math.isfinite(nxt) or nxt >= total:
-                break
-            cuts.add(float(nxt))
-            p = nxt
-    return sorted(cuts), True
-
-
 def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig | None = None,
                 batch_grid: int = 24, pieces: int = 200) -> Bound:
     """The lower bound of the module docstring for ``workload`` on ``cluster`` under ``config`` (default
@@ -182,16 +75,12 @@ def lower_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
     config = config if config is not None else SimConfig()
     if not workload:
         raise ValueError("workload has no jobs")
-    cache: dict[tuple, tuple[float, float]] = {}
     release, alone, work, submit = [], [], [], []
-    for job in workload:
+    for job, rates in zip(workload, rates_by_type(workload, cluster, batch_grid, pieces), strict=True):
         s = job.spec
-        key = (id(job.truth), s.min_global_batch, s.per_gpu_batch, s.requested_gpus, s.global_batch_cap, s.gpu_cap)
-        if key not in cache:
-            cache[key] = _per_job(job, cluster, batch_grid, pieces)
-        t_alone, w = cache[key]
+        t_alone, w = rates.fast_clock[-1], rates.least_gpu_s
         start = math.ceil(s.submit_time_s / config.interval_s - 1e-9) * config.interval_s
-        start += config.restart_cost_for(s.model, job.truth.restart_cost_s)
+        start += config.change_costs.costs(config.restart_cost_for(s.model, job.truth.restart_cost_s), False)["start"]
         submit.append(s.submit_time_s)
         release.append(start)
         alone.append(start + t_alone - s.submit_time_s)

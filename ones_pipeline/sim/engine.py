@@ -41,6 +41,7 @@ from ones_pipeline.core.types import (
     ThroughputObs,
     lr_for_batch,
 )
+from ones_pipeline.sim.change_costs import ChangeCosts, change_kind
 from ones_pipeline.sim.truth import MAX_ARRIVAL_S, SimJob
 
 # A workload that has not finished after this much simulated time is reported as a policy failure.
@@ -67,6 +68,9 @@ class SimConfig:
     # (``JobView.model_obs``, kept by ``core.model_memory`` as the live scheduler keeps them); False: they
     # see nothing (the rule before, kept to measure its effect).
     model_memory: bool = True
+    # Seconds without training per kind of change (start, in-place grow / shrink, checkpoint restart) and the
+    # policies whose environment resizes in place (``sim.change_costs``; ``PRESETS["pollux"]``: 30 s for all).
+    change_costs: ChangeCosts = ChangeCosts()
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -83,6 +87,10 @@ class SimConfig:
             return float(self.restart_cost_by_model[model])
         return float(self.restart_cost_s) if self.restart_cost_s is not None else float(truth_cost)
 
+    def costs_for(self, model: str, truth_cost: float, policy: str) -> dict[str, float]:
+        """Seconds per kind of change (``change_costs.KINDS``) for a job of ``model`` under ``policy``."""
+        return self.change_costs.costs(self.restart_cost_for(model, truth_cost), policy in self.change_costs.in_place)
+
 
 @dataclass
 class JobRecord:
@@ -94,6 +102,7 @@ class JobRecord:
     first_start_s: float | None = None
     finish_s: float | None = None
     restarts: int = 0  # allocation changes after the first start (preemptions, resizes, moves)
+    in_place: int = 0  # ... of which made in place (``change_costs``: grow, shrink)
     gpu_s: float = 0.0  # GPU-seconds held
     run_s: float = 0.0  # wall seconds holding GPUs
     samples: float = 0.0
@@ -129,9 +138,12 @@ class SimResult:
 class _Running:
     __slots__ = ("spec", "truth", "status", "progress", "samples", "record", "alloc", "blocked_until",
                  "obs", "loss_hist", "acc_hist", "next_epoch", "max_gpus_seen", "last_change_s",
-                 "epochs_at_change", "attained_gpu_s", "initial_loss", "gns", "tuned", "model")
+                 "epochs_at_change", "attained_gpu_s", "initial_loss", "gns", "tuned", "model", "costs", "in_place")
 
-    def __init__(self, job: SimJob):
+    def __init__(self, job: SimJob, config: SimConfig, policy: str):
+        # Seconds per kind of change, and whether its policy's environment resizes in place.
+        self.costs = config.costs_for(job.spec.model, job.truth.restart_cost_s, policy)
+        self.in_place = policy in config.change_costs.in_place
         self.spec = job.spec
         self.truth = job.truth
         self.model = GoodputModel()  # the job's own goodput model and fits (its batch tuner's, as live)
@@ -167,7 +179,7 @@ class _Running:
             initial_loss=self.initial_loss, restarts=self.record.restarts,
             attained_gpu_s=self.attained_gpu_s, run_time_s=self.record.run_s,
             last_change_s=self.last_change_s, epochs_at_last_change=self.epochs_at_change,
-            max_gpus_seen=self.max_gpus_seen,
+            max_gpus_seen=self.max_gpus_seen, change_costs=self.costs,
             model_obs=model_memory.recalled(memory.obs, self.spec.model) if memory is not None else (),
             model_gns=model_memory.recalled_noise(memory.noise, self.spec.model) if recall else None,
         )
@@ -267,7 +279,8 @@ def simulate(
     names = [j.spec.name for j in workload]
     if len(set(names)) != len(names):
         raise ValueError("workload has duplicate job names")
-    jobs = sorted((_Running(j) for j in workload), key=lambda r: (r.spec.submit_time_s, r.spec.name))
+    jobs = sorted((_Running(j, config, policy.name) for j in workload),
+                  key=lambda r: (r.spec.submit_time_s, r.spec.name))
     specs = {r.spec.name: r.spec for r in jobs}
     interval = config.interval_s
     next_arrival = 0
@@ -335,8 +348,9 @@ def _decide(policy: Policy, now: float, cluster: Cluster, active: Sequence[_Runn
 
 def _apply(active: Sequence[_Running], new_schedule: Schedule, now: float, cluster: Cluster, config: SimConfig,
            timeline: list[tuple[float, str, int]]) -> None:
-    """Give every active job its new allocation: a changed one (started, resized, moved, preempted) pays
-    the restart cost and is recorded in ``timeline``; a job tuning its own batch re-tunes."""
+    """Give every active job its new allocation: a changed one (started, resized, moved, resumed) pays the
+    cost of its kind of change (``change_costs``) and is recorded in ``timeline``, as is a preempted one; a
+    job tuning its own batch re-tunes."""
     for r in active:
         old, new = r.alloc, new_schedule.allocations.get(r.spec.name)
         if old is not None and new is not None and old.gpus == new.gpus and (
@@ -349,12 +363,13 @@ def _apply(active: Sequence[_Running], new_schedule: Schedule, now: float, clust
         if old is None and new is None:
             continue
         if new is not None:
+            kind = change_kind(old.gpus if old else (), new.gpus, r.record.first_start_s is not None, r.in_place)
             if r.record.first_start_s is None:
                 r.record.first_start_s = now
             else:  # a resize, a move, or a resume after preemption
                 r.record.restarts += 1
-            cost = config.restart_cost_for(r.spec.model, r.truth.restart_cost_s)
-            r.blocked_until = now + cost
+                r.record.in_place += kind in ("grow", "shrink")
+            r.blocked_until = now + r.costs[kind]
             r.status = JobStatus.RUNNING
             r.max_gpus_seen = max(r.max_gpus_seen, new.num_gpus)
         else:

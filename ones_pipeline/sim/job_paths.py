@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.sim.bound import _batch_grid, _config_rate, _placements, progress_cuts
 from ones_pipeline.sim.engine import SimConfig
+from ones_pipeline.sim.rates import Rates, rates_by_type
 from ones_pipeline.sim.truth import SimJob
 
 # Largest (grid points x GPU counts x rounds) for which a job's programme keeps the GPUs it holds in its state
@@ -26,82 +26,6 @@ HELD_STATES = 20_000_000
 MIN_POINTS = 400
 
 
-def placements_of(cluster: Cluster, n: int, every_up_to: int = 16) -> list[tuple[int, ...]]:
-    """Placements (GPUs per node, largest first) of ``n`` GPUs the rates take the best of: every one that fits
-    the cluster up to ``every_up_to`` GPUs (the largest measured in the Pollux profiles, whose other
-    placements are interpolated by node and GPU counts only), above it the fewest nodes and an even spread
-    over each larger node count. More nodes can be faster in the profiles (up to several times, at small
-    per-GPU batches), so the fewest nodes alone would not bound every policy."""
-    sizes = sorted(cluster.gpus_per_node, reverse=True)
-    fewest = _placements(cluster, n)[-1]
-    out = {fewest}
-    if n <= every_up_to:
-        def parts(left, cap, k):
-            if left == 0:
-                yield ()
-                return
-            if k >= len(sizes):
-                return
-            for g in range(min(cap, left, sizes[k]), 0, -1):
-                for rest in parts(left - g, g, k + 1):
-                    yield (g, *rest)
-        out.update(parts(n, sizes[0], 0))
-    for m in range(len(fewest) + 1, min(n, len(sizes)) + 1):
-        base, extra = divmod(n, m)
-        spread = tuple(base + (i < extra) for i in range(m))
-        if all(g <= c for g, c in zip(spread, sizes, strict=False)):
-            out.add(spread)
-    return sorted(out)
-
-
-class Rates:
-    """``r(n, p)`` of one job type: progress cuts ``x`` (the truth's rate changes), rate per GPU count and
-    piece ``rate[n, i]`` (row 0: no GPUs), and the time to reach each cut at each count ``clock[n, i]``."""
-
-    def __init__(self, job: SimJob, cluster: Cluster, batches: set[int], grid: int = 24, pieces: int = 200):
-        spec, truth = job.spec, job.truth
-        n_max = max(1, min(spec.gpu_cap, cluster.num_gpus))
-        all_b = sorted(_batch_grid(spec, grid) | batches)
-        configs: list[list[tuple[int, float]]] = []
-        for n in range(1, n_max + 1):
-            best: dict[int, float] = {}
-            for pl in placements_of(cluster, n):
-                for b in all_b:
-                    rated = _config_rate(truth, pl, b)
-                    if rated is not None and rated[1] > best.get(rated[0], 0.0):
-                        best[rated[0]] = rated[1]
-            configs.append(sorted(best.items()))
-        total = float(truth.total_progress)
-        distinct = sorted({b for c in configs for b, _ in c})
-        cuts, exact = progress_cuts(truth, distinct, pieces)
-        x = np.array(cuts)
-        x = x[np.concatenate(([True], np.diff(x) > 0))]
-        # Efficiency per distinct batch per piece: exact at the piece's middle, else the better end.
-        at = [0.5 * (x[:-1] + x[1:])] if exact else [x[:-1], x[1:]]
-        eff = {b: np.max([[truth.efficiency(float(p), b) for p in pts] for pts in at], axis=0) for b in distinct}
-        rate = np.zeros((n_max + 1, len(x) - 1))
-        for n, cfg in enumerate(configs, start=1):
-            for b, thr in cfg:
-                np.maximum(rate[n], thr * eff[b], out=rate[n])
-        # A job may leave GPUs idle: n GPUs run at least as fast as fewer (optimistic, so still valid).
-        rate = np.maximum.accumulate(rate, axis=0)
-        self.x, self.rate, self.total, self.n_max = x, rate, total, n_max
-        width = np.diff(x)
-        with np.errstate(divide="ignore"):
-            per = np.where(rate > 0, width / np.where(rate > 0, rate, 1.0), np.inf)
-        self.clock = np.concatenate([np.zeros((n_max + 1, 1)), np.cumsum(per, axis=1)], axis=1)
-        fast = rate[1:].max(axis=0)
-        self.fast_clock = np.concatenate([[0.0], np.cumsum(width / fast)])
-
-    def time_at(self, n: int, p: np.ndarray) -> np.ndarray:
-        """Seconds at ``n`` GPUs from progress 0 to ``p``."""
-        return np.interp(p, self.x, self.clock[n])
-
-    def reach(self, n: int, t: np.ndarray) -> np.ndarray:
-        """Progress reached after ``t`` seconds at ``n`` GPUs from progress 0."""
-        return np.interp(t, self.clock[n], self.x)
-
-
 @dataclass
 @dataclass
 class JobModel:
@@ -110,7 +34,7 @@ class JobModel:
     rates: Rates
     submit: float
     release: int  # first round it can start in
-    cost: float  # restart cost of its first start
+    cost: float  # dead time of its first start
     grid: np.ndarray  # progress grid points, the last = total
     nxt: np.ndarray  # (n_max, P) next grid index after a round at n = 1..n_max from grid point k; -1: finishes
     tau: np.ndarray  # (n_max, P) seconds into the round at which it finishes (where nxt == -1)
@@ -118,16 +42,21 @@ class JobModel:
     tau0: np.ndarray
     rest: np.ndarray  # (P,) seconds from grid point k to the end at the fastest rate
     horizon: int
-    # After a change of GPU count (``cost`` < a round): the round's ``interval - cost`` productive seconds,
-    # from every grid point; ``taud`` counts the dead time too. None where the cost is a round or more.
+    # After a change of GPU count (``change`` < a round): the round's ``interval - change`` productive seconds,
+    # from every grid point; ``taud`` counts the dead time too. None where the change costs a round or more.
     nxtd: np.ndarray | None = None
     taud: np.ndarray | None = None
+    # Dead time charged to every change of the programme with the GPUs held (the first start included): the
+    # least of the start and of any change in any environment modelled (``ChangeCosts.least_change``).
+    change: float = 0.0
 
 
 def job_model(job: SimJob, rates: Rates, config: SimConfig, cell_s: float, max_points: int) -> JobModel:
     interval = config.interval_s
     s = job.spec
-    cost = config.restart_cost_for(s.model, job.truth.restart_cost_s)
+    own = config.restart_cost_for(s.model, job.truth.restart_cost_s)
+    cost = config.change_costs.costs(own, False)["start"]
+    change = min(cost, config.change_costs.least_change(own))
     release = math.ceil(s.submit_time_s / interval - 1e-9)
     fast_total = rates.fast_clock[-1]
     points = int(min(max_points, max(MIN_POINTS, math.ceil(fast_total / cell_s))))
@@ -157,38 +86,25 @@ def job_model(job: SimJob, rates: Rates, config: SimConfig, cell_s: float, max_p
     rest = fast_total - np.interp(grid[:-1], rates.x, rates.fast_clock)
     est = math.ceil((fast_total + cost) / interval) + 1
     nxtd = taud = None
-    if cost < interval:
+    if change < interval:
         nxtd, taud = np.empty_like(nxt), np.zeros_like(tau)
         for n in range(1, n_max + 1):
             t_k = rates.time_at(n, grid[:-1])
-            end = t_k + (interval - cost)
+            end = t_k + (interval - change)
             done = end >= total_clock[n] * (1 - 1e-12)
             reached = rates.reach(n, np.minimum(end, total_clock[n]))
             idx = np.maximum(np.searchsorted(grid, reached * (1 - 1e-12), side="left"), np.arange(1, points + 1))
             nxtd[n - 1] = np.where(done, -1, idx)
-            taud[n - 1] = np.where(done, cost + total_clock[n] - t_k, 0.0)
+            taud[n - 1] = np.where(done, change + total_clock[n] - t_k, 0.0)
     return JobModel(rates, s.submit_time_s, release, cost, grid, nxt, tau, nxt0, tau0, rest,
-                     horizon=max(4 * est, 8), nxtd=nxtd, taud=taud)
+                     horizon=max(4 * est, 8), nxtd=nxtd, taud=taud, change=change)
 
 
 def job_models(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig, cell_s: float,
             max_points: int) -> list[JobModel]:
-    """Each job's model; rates shared by the jobs of one truth and caps (their workload batches pooled)."""
-    groups: dict[tuple, list[SimJob]] = {}
-    for job in workload:
-        s = job.spec
-        groups.setdefault((id(job.truth), s.min_global_batch, s.per_gpu_batch, s.global_batch_cap, s.gpu_cap), []
-                          ).append(job)
-    rates = {}
-    for key, jobs in groups.items():
-        extra = {j.spec.per_gpu_batch * j.spec.requested_gpus for j in jobs}
-        rates[key] = Rates(jobs[0], cluster, extra)
-    out = []
-    for job in workload:
-        s = job.spec
-        key = (id(job.truth), s.min_global_batch, s.per_gpu_batch, s.global_batch_cap, s.gpu_cap)
-        out.append(job_model(job, rates[key], config, cell_s, max_points))
-    return out
+    """Each job's model; rates shared by the jobs of one truth and caps (``rates.rates_by_type``)."""
+    return [job_model(job, rates, config, cell_s, max_points)
+            for job, rates in zip(workload, rates_by_type(workload, cluster), strict=True)]
 
 
 def cheapest(m: JobModel, prices: np.ndarray, interval: float, limit: int,
@@ -245,7 +161,7 @@ def _dp_held(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
     V = np.empty((P + 1, N + 1, H + 1))
     V[P] = starts[None, :]  # rounded up to the total: finished by the round's start
     V[:P, 1:, H] = starts[H] + m.rest[:, None]
-    V[:P, 0, H] = starts[H] + m.cost + m.rest  # a paused or unstarted job pays a start
+    V[:P, 0, H] = starts[H] + m.change + m.rest  # a paused or unstarted job pays a start (at least ``change``)
     cols, ns = np.arange(H), np.arange(1, N + 1)
 
     def options(k):

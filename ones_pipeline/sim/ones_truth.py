@@ -188,6 +188,12 @@ class OnesJobTruth:
             raise ValueError(f"{self.model}: global_batch must be > 0, got {global_batch!r}")
         return float(self._eff_at_fraction(self._fraction(progress), global_batch))
 
+    def efficiencies(self, progress: np.ndarray, batches) -> np.ndarray:
+        """``efficiency(p, b)`` for every progress ``p`` (rows) and batch ``b`` (columns), the same arithmetic:
+        the noise scale looked up once per progress (``sim.rates``' tables)."""
+        gns = self._gns_at_fraction(np.clip(np.asarray(progress, dtype=float) / self.total_progress, 0.0, 1.0))
+        return (gns[:, None] + self.base_batch) / (gns[:, None] + np.asarray(batches, dtype=float)[None, :])
+
     def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
         return float(self._gns_at_fraction(self._fraction(progress)))
 

@@ -2,7 +2,7 @@
 
 The problem the simulator poses: in every round ``t`` (``interval_s`` long) each job holds ``n_jt`` GPUs,
 ``sum_j n_jt <= G``; a job advances at its ground-truth goodput at that many GPUs, every change of its
-allocation (first start, resize, resume) holds the GPUs for its restart cost without progress, and its JCT
+allocation (first start, resize, resume) holds the GPUs for its dead time without progress, and its JCT
 is when it reaches its total progress less its submission. Minimise the sum of JCTs.
 
 **Relaxation.** Price the capacity of each round at ``lambda_t >= 0``. For any such prices,
@@ -34,9 +34,11 @@ bound (the feasible start's columns pay no dead time on resizes).
   it is rounded **up** to the next grid point (the job is credited at least what it did), and a job
   rounded up to its total has finished at the round's end (it really finishes later).
 * Changes of GPU count: where the state fits (``HELD_STATES``) the programme keeps the GPUs held, and
-  every change of count costs its dead time as in the simulator (a change of batch or of GPUs at the same
-  count is free); otherwise (the longest jobs) only the first start pays it, its rounds wholly inside the
-  dead time free of price.
+  every change of count costs a dead time: the least any change costs under any policy's environment
+  (``ChangeCosts.least_change``, the first start's cost if less; in-place grows and shrinks are cheaper than
+  restarts where a policy resizes in place), so the bound holds for every policy (a change of batch or of
+  GPUs at the same count is free); otherwise (the longest jobs) only the first start pays its ``start`` cost,
+  its rounds wholly inside the dead time free of price.
 * Prices beyond the job's horizon are dropped (they are >= 0): a schedule still running there is valued
   at the time elapsed plus its run time alone at the fastest rate. The horizon doubles whenever the best
   schedule reaches it. Prices past the feasible start's makespan are 0.
