@@ -206,8 +206,19 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
         "model": allocation.spec.model,
         "mlflow_run": mlflow.run_link(mlflow_run) if mlflow_run else "-",
         "mlflow_run_id": mlflow_run,
+        **(_model_metadata(context, mlflow, mlflow_run) if mlflow_run else {}),
     }
     return dg.MaterializeResult(metadata={k: v for k, v in metadata.items() if v is not None})
+
+
+def _model_metadata(context, mlflow: MlflowResource, run_id: str) -> dict:
+    """The trained model's URI and the links to it and its run (``MlflowResource.model_metadata``); a store
+    that cannot be read now costs the links, never the materialization."""
+    try:
+        return mlflow.model_metadata(run_id, context.run.run_id)
+    except Exception as exc:  # noqa: BLE001
+        context.log.warning(f"MLflow run {run_id}: model links unavailable ({exc})")
+        return {}
 
 
 @dg.asset(
