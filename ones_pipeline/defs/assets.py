@@ -25,6 +25,7 @@ from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_in
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
+from ones_pipeline.defs.run_guard import end_untrained, why_not_train
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
 
@@ -72,6 +73,9 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         _refuse_manual_launch(context, job)
         return
     allocation = _allocation(job, config)
+    if (why := why_not_train(context.instance, context.run, allocation)) is not None:
+        end_untrained(context, why)  # a re-execution, a stale generation, a finished job: ends at once
+        return
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
     if context.run.tags.get(TAG_REASON):  # why the scheduler made this run, first in its log (also a tag)
         context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
