@@ -19,13 +19,28 @@ def _load(project_dir: str, env: str, mtime: float) -> EnvConfig:
     return load_env(project_dir, env)
 
 
+@lru_cache(maxsize=8)
+def _parse(settings: str, path: str, project_dir: str, env: str) -> EnvConfig:
+    import json
+
+    from ones_pipeline.config import parse_env
+
+    return parse_env(json.loads(settings), path, project_dir, env)
+
+
 class OnesEnvResource(dg.ConfigurableResource):
-    """Where the project lives and which environment file of it is in force (re-read when it changes)."""
+    """Where the project lives and which environment file of it is in force (re-read when it changes); or,
+    from a ``OnesComponent``, the environment its ``defs.yaml`` gives (``settings``: its sections as JSON,
+    ``settings_path``: that file, named by errors)."""
 
     project_dir: str
     env: str = "local"
+    settings: str = ""
+    settings_path: str = ""
 
     def config(self) -> EnvConfig:
+        if self.settings:
+            return _parse(self.settings, self.settings_path, str(Path(self.project_dir).resolve()), self.env)
         path = Path(self.project_dir) / "resources" / f"{self.env}.yaml"
         mtime = path.stat().st_mtime if path.exists() else 0.0
         return _load(str(Path(self.project_dir).resolve()), self.env, mtime)
