@@ -115,6 +115,19 @@ def test_dagster_loads_the_example_from_its_yaml(example):
     assert "Validation successful" in out.stdout + out.stderr
 
 
+def test_dg_checks_the_example_and_lists_the_component(example):
+    """`dg check defs` validates the component's YAML against its schema and loads every definition; `dg list
+    components` lists OnesComponent (the package's registry entry point)."""
+    dg_bin = str(Path(sys.executable).parent / "dg")
+    out = subprocess.run([dg_bin, "check", "defs"], cwd=example, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "All component YAML validated successfully" in out.stdout + out.stderr
+    listed = subprocess.run([dg_bin, "list", "components", "--json"], cwd=example, capture_output=True, text=True,
+                            timeout=240)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "ones_pipeline.defs.component.OnesComponent" in listed.stdout
+
+
 def test_a_job_declared_in_python_waits_for_its_upstream_then_runs(tmp_path):
     @dg.asset
     def raw_data() -> None:
