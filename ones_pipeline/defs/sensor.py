@@ -207,7 +207,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     skip = None
     if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
-                f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else ""))
+                f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else "")
+                + (f"; {len(held)} waiting for upstream assets" if held else ""))
     return dg.SensorResult(
         run_requests=requests, cursor=json.dumps(plan.cursor), asset_events=events, skip_reason=skip,
         dynamic_partitions_requests=[JOBS_PARTITIONS.build_add_request(new_keys)] if new_keys else [])
