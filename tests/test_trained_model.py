@@ -51,6 +51,9 @@ def test_a_finished_user_script_job_has_a_logged_model_that_loads_and_predicts(t
     version = client.get_model_version("digits-logreg", "1")
     assert version.run_id == run.info.run_id and version.source == f"models:/{model_id}"
     assert run.data.tags[TAG_MODEL_VERSION] == "digits-logreg/1"
+    # CPU and memory are system metrics where MLflow expects them (its System metrics tab), not model charts.
+    assert {"system/cpu_utilization_percentage", "system/process_rss_megabytes"} <= set(run.data.metrics)
+    assert not [k for k in run.data.metrics if k.startswith("system_")]
 
 
 def test_ui_links_open_the_model_training_view():
