@@ -114,9 +114,23 @@ def cmd_submit(env: EnvConfig, spec_path: Path, force: bool) -> int:
     tmp = target.with_suffix(".yaml.tmp")
     shutil.copyfile(spec_path, tmp)
     tmp.replace(target)
-    print(f"submitted {spec.name}: {target} (the scheduler picks it up at its next tick, "
-          f"every {env.scheduler.tick_interval_s} s)")
+    stopped = _no_scheduler(env)
+    print(f"submitted {spec.name}: {target} " + (f"({stopped})" if stopped else
+          f"(the scheduler picks it up at its next tick, every {env.scheduler.tick_interval_s} s)"))
     return 0
+
+
+def _no_scheduler(env: EnvConfig) -> str | None:
+    """``defs.liveness.no_scheduler_line`` for the project's instance; a project never started has none."""
+    if not env.layout.instance_yaml.exists():
+        from ones_pipeline.defs.liveness import HOW_TO_START
+
+        return f"no scheduler is running for this project yet; {HOW_TO_START}"
+    from ones_pipeline.defs.instance import open_instance
+    from ones_pipeline.defs.liveness import no_scheduler_line
+
+    with open_instance(env) as instance:
+        return no_scheduler_line(instance)
 
 
 def cmd_up(env: EnvConfig, host: str, port: int) -> int:

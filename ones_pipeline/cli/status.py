@@ -171,9 +171,13 @@ def cmd_status(env: EnvConfig) -> int:
     from ones_pipeline.defs.instance import job_run_infos, open_instance
 
     device, slot_lines, slot_ids = slots_summary(env)
+    from ones_pipeline.defs.liveness import no_scheduler_line
+
     with open_instance(env) as instance:
         rows = job_rows(env, instance, device)
         waits = waiting_lines(rows, job_run_infos(instance), slot_ids, device)
+        if stopped := no_scheduler_line(instance):  # then no job waits for the policy: none decides
+            waits = [f"{line.partition(' but the policy')[0]}, but {stopped}" for line in waits] or [stopped]
     print(format_table(rows, STATUS_COLUMNS))
     print()  # then the slots, nodes left out and why jobs wait
     for line in slot_lines + waits:

@@ -69,6 +69,10 @@ class MlflowConfig:
     tracking_uri: str | None = None  # None: sqlite file in the state directory
     tracking_uri_env: str | None = None  # read the URI (a secret) from this environment variable
     experiment: str = "ones"
+    # The UIs the links between them point at: MLflow's (None: the tracking server for an http(s) store, else
+    # `mlflow ui`'s http://127.0.0.1:5000) and Dagster's, which each job's MLflow run links back to.
+    ui_url: str | None = None
+    dagster_ui_url: str = "http://127.0.0.1:3000"
 
 
 @dataclass(frozen=True)
@@ -258,10 +262,18 @@ def _parse_launcher(path: Path, lz: Mapping, project_dir: Path) -> LauncherConfi
 
 
 def _parse_mlflow(path: Path, m: Mapping) -> MlflowConfig:
-    check_keys(path, m, {"tracking_uri", "tracking_uri_env", "experiment"}, "mlflow.")
+    check_keys(path, m, {"tracking_uri", "tracking_uri_env", "experiment", "ui_url", "dagster_ui_url"}, "mlflow.")
+    urls = {key: get_field(path, m, key, str, default, prefix="mlflow.")
+            for key, default in (("ui_url", None), ("dagster_ui_url", MlflowConfig.dagster_ui_url))}
+    for key, url in urls.items():
+        if url is not None and not re.match(r"https?://[^\s/?#]+[^\s?#]*\Z", url):
+            raise ConfigError(path, f"mlflow.{key}", f"{shown(url)} is not a UI address; allowed: http://HOST[:PORT]"
+                                                     "[/PATH] or https://...")
     return MlflowConfig(tracking_uri=get_field(path, m, "tracking_uri", str, prefix="mlflow."),
                         tracking_uri_env=get_field(path, m, "tracking_uri_env", str, prefix="mlflow."),
-                        experiment=get_field(path, m, "experiment", str, "ones", prefix="mlflow."))
+                        experiment=get_field(path, m, "experiment", str, "ones", prefix="mlflow."),
+                        ui_url=urls["ui_url"] and urls["ui_url"].rstrip("/"),
+                        dagster_ui_url=urls["dagster_ui_url"].rstrip("/"))
 
 
 def _parse_policy(path: Path, p: Mapping) -> PolicyConfig:

@@ -16,6 +16,7 @@ A job spec::
     max_gpus: 2                # default 4 x requested_gpus
     stopping: {epochs: 10}     # or {samples: N} or {target_accuracy: 0.95, patience: 3}
     command: [python, my_train.py]   # optional: the job's own script (the ones_pipeline.train API)
+    register_as: digits-mlp    # optional: the finished model also becomes a version of this registered model
 
 """
 
@@ -28,13 +29,14 @@ from typing import Any
 
 from ones_pipeline.config.fields import ConfigError, check_keys, get_field, read_yaml
 from ones_pipeline.core.limits import SPEC_RANGES, STOPPING_RANGES, shown
-from ones_pipeline.core.types import JOB_NAME_RE, JobSpec, StopKind, StoppingRule
+from ones_pipeline.core.types import JOB_NAME_RE, MODEL_NAME_RE, JobSpec, StopKind, StoppingRule
 from ones_pipeline.train.catalogue import WORKLOADS, train_size
 
 JOB_SUFFIXES = (".yaml", ".yml")
 # -- job specs ------------------------------------------------------------------------------------------
 JOB_FIELDS = {"name", "model", "dataset_size", "per_gpu_batch", "base_lr", "max_lr", "max_global_batch",
-              "max_per_gpu_batch", "requested_gpus", "max_gpus", "stopping", "priority", "command", "image"}
+              "max_per_gpu_batch", "requested_gpus", "max_gpus", "stopping", "priority", "command", "image",
+              "register_as"}
 STOPPING_FIELDS = {"epochs", "samples", "target_accuracy", "patience", "min_delta"}
 
 
@@ -86,8 +88,13 @@ def parse_job_spec(data: Any, path: str | os.PathLike, default_name: str | None 
         raise ConfigError(path, "stopping", str(exc)) from None
     numbers = {key: get_field(path, data, key, kind, default, required=key == "per_gpu_batch", allowed=SPEC_RANGES[key])
                for key, kind, default in _NUMBER_FIELDS}
+    register_as = get_field(path, data, "register_as", str)
+    if register_as is not None and not MODEL_NAME_RE.match(register_as):
+        raise ConfigError(path, "register_as", f"{shown(register_as)} is not a registered model name: letters, "
+                                               "digits, '_', '.' and '-', starting with a letter or digit, at most "
+                                               "128 characters")
     kwargs = dict(name=name, model=model, dataset_size=dataset_size, **numbers, stopping=stopping, command=command,
-                  image=get_field(path, data, "image", str))
+                  image=get_field(path, data, "image", str), register_as=register_as)
     if kwargs["max_gpus"] is not None and kwargs["requested_gpus"] > kwargs["max_gpus"]:
         raise ConfigError(path, "requested_gpus", f"{kwargs['requested_gpus']} exceeds max_gpus {kwargs['max_gpus']}")
     try:
@@ -138,7 +145,7 @@ def job_spec_to_yaml_dict(spec: JobSpec) -> dict[str, Any]:
     """The YAML form of a spec (inverse of ``parse_job_spec``), without defaults."""
     out: dict[str, Any] = {"name": spec.name, "model": spec.model, "dataset_size": spec.dataset_size,
                            "per_gpu_batch": spec.per_gpu_batch, "base_lr": spec.base_lr}
-    for key in ("max_lr", "max_global_batch", "max_per_gpu_batch", "max_gpus", "image"):
+    for key in ("max_lr", "max_global_batch", "max_per_gpu_batch", "max_gpus", "image", "register_as"):
         if getattr(spec, key) is not None:
             out[key] = getattr(spec, key)
     out["requested_gpus"] = spec.requested_gpus

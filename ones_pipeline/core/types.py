@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" would accept a trailing newline
+# A registered model's name (``register_as``): what MLflow's registry and its UI routes take unescaped.
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 
 
 class JobStatus(str, enum.Enum):
@@ -100,10 +102,14 @@ class JobSpec:
     submit_time_s: float = 0.0
     command: tuple[str, ...] | None = None
     image: str | None = None
+    register_as: str | None = None  # when it finishes, its model also becomes a version of this registered model
 
     def __post_init__(self) -> None:
         if not JOB_NAME_RE.match(self.name):
             raise ValueError(f"job name {self.name!r} must match {JOB_NAME_RE.pattern}")
+        if self.register_as is not None and not MODEL_NAME_RE.match(str(self.register_as)):
+            raise ValueError(f"job {self.name}: register_as {self.register_as!r} is not a model name: letters, "
+                             "digits, '_', '.', '-', starting with a letter or digit, at most 128 characters")
         for fname in ("dataset_size", "per_gpu_batch", "requested_gpus"):
             value = getattr(self, fname)
             if not isinstance(value, (int, np.integer)) or value < 1:
@@ -405,6 +411,8 @@ def spec_to_dict(spec: JobSpec) -> dict:
     data["stopping"] = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in asdict(spec.stopping).items()}
     if data.get("command") is not None:
         data["command"] = list(data["command"])
+    if data.get("register_as") is None:  # absent, as before the field existed: spec hashes stay the same
+        data.pop("register_as", None)
     return data
 
 

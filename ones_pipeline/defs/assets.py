@@ -25,6 +25,7 @@ from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_in
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
+from ones_pipeline.defs.run_guard import end_untrained, why_not_train
 from ones_pipeline.defs.slot_owner import held_periods, read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
@@ -73,6 +74,9 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         _refuse_manual_launch(context, job)
         return
     allocation = _allocation(job, config)
+    if (why := why_not_train(context.instance, context.run, allocation)) is not None:
+        end_untrained(context, why)  # a re-execution, a stale generation, a finished job: ends at once
+        return
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
     if context.run.tags.get(TAG_REASON):  # why the scheduler made this run, first in its log (also a tag)
         context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
@@ -212,8 +216,19 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
         "model": allocation.spec.model,
         "mlflow_run": mlflow.run_link(mlflow_run) if mlflow_run else "-",
         "mlflow_run_id": mlflow_run,
+        **(_model_metadata(context, mlflow, mlflow_run) if mlflow_run else {}),
     }
     return dg.MaterializeResult(metadata={k: v for k, v in metadata.items() if v is not None})
+
+
+def _model_metadata(context, mlflow: MlflowResource, run_id: str) -> dict:
+    """The trained model's URI and the links to it and its run (``MlflowResource.model_metadata``); a store
+    that cannot be read now costs the links, never the materialization."""
+    try:
+        return mlflow.model_metadata(run_id, context.run.run_id)
+    except Exception as exc:  # noqa: BLE001
+        context.log.warning(f"MLflow run {run_id}: model links unavailable ({exc})")
+        return {}
 
 
 @dg.asset(

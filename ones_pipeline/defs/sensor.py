@@ -35,6 +35,7 @@ from ones_pipeline.adapters.inventory import InventoryUnavailable
 from ones_pipeline.config import ConfigError, EnvConfig, load_job_specs
 from ones_pipeline.defs.apply import apply_job, apply_request
 from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JOB_NAME, report_job, train_job
+from ones_pipeline.defs.declared import with_declared
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_jobs, job_run_infos
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, TickPlan, plan_tick, progress_wanted
@@ -75,7 +76,11 @@ def _bad_specs_line(errors: list[ConfigError]) -> str:
     return f"{len(errors)} job spec file(s) skipped until fixed: {names} (`ones status` says why)"
 
 
-def _log_plan(context, plan: TickPlan) -> None:
+def _log_plan(context, plan: TickPlan, held: dict[str, str]) -> None:
+    """The plan's lines; ``held``: declared jobs waiting for upstream assets (they wait in the plan too)."""
+    plan.waiting.update(held)
+    for job, why in sorted(held.items()):
+        context.log.info(f"{job} {why}")
     for c in plan.cancels:
         context.log.info(f"plan: cancel run {c.run_id} ({c.job} generation {c.generation}): {c.reason}")
     for r in plan.resizes:
@@ -155,8 +160,10 @@ def _saved_policy_state(context, env: EnvConfig, cursor: dict) -> dict | None:
 
 
 def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: MlflowResource,
-                   inventory: InventoryResource) -> dg.SensorResult:
-    """One tick: gather the inputs, plan, apply (the numbered steps of the module docstring)."""
+                   inventory: InventoryResource, declared=None) -> dg.SensorResult:
+    """One tick: gather the inputs, plan, apply (the numbered steps of the module docstring). ``declared``:
+    jobs declared in code or a component's YAML (``defs.declared``), scheduled once their upstream assets
+    are materialized."""
     t_start = time.perf_counter()
     if env.layout.paused.exists():  # `ones up`/`ones run` are draining before a stop
         return dg.SensorResult(skip_reason="paused: the runs are being cancelled before Dagster stops",
@@ -165,7 +172,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     cursor = json.loads(context.cursor) if context.cursor else {}
     now = time.time()
     specs, errors = load_job_specs(env.jobs_dir)
-    new_keys = sorted(set(specs) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
+    specs, held = with_declared(instance, specs, errors, declared, env.jobs_dir)
+    new_keys = sorted((set(specs) | set(held)) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
     runs = job_run_infos(instance)
     finished = finished_jobs(instance)
     try:
@@ -183,14 +191,15 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     # a spec the tick quarantined is listed with the bad files (spec_errors.json, `ones status`)
     errors = errors + [ConfigError(_spec_file(env, job), None, why) for job, why in sorted(plan.quarantined.items())]
     error_keys, spec_errors = _spec_errors(context, errors, set(cursor.get("errors", [])))
-    _log_plan(context, plan)
+    _log_plan(context, plan, held)
     requests = _run_requests(plan)
     apply = _apply(env, plan, spec_errors, cursor.get("failed", {}))
     if apply is not None:
         requests.insert(0, apply)  # the cancellations first: they free the slots the new runs wait for
     events = _observations(env, plan, dict(cursor.get("waiting", {})))
     active_runs = [r for r in runs if r.in_flight]
-    if specs and set(specs) <= finished | set(plan.cursor["failed"]) and not active_runs and not plan.launches:
+    all_done = specs and not held and set(specs) <= finished | set(plan.cursor["failed"])
+    if all_done and not active_runs and not plan.launches:
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]
         requests.append(dg.RunRequest(run_key=f"report-{done_key}", job_name=REPORT_JOB_NAME,
                                       tags={"ones/report": "true"}))
@@ -204,19 +213,20 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     skip = None
     if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
-                f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else ""))
+                f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else "")
+                + (f"; {len(held)} waiting for upstream assets" if held else ""))
     return dg.SensorResult(
         run_requests=requests, cursor=json.dumps(plan.cursor), asset_events=events, skip_reason=skip,
         dynamic_partitions_requests=[JOBS_PARTITIONS.build_add_request(new_keys)] if new_keys else [])
 
 
-def build_scheduler_sensor(tick_interval_s: int) -> dg.SensorDefinition:
+def build_scheduler_sensor(tick_interval_s: int, declared=None) -> dg.SensorDefinition:
     @dg.sensor(name=SENSOR_NAME, jobs=[train_job, report_job, apply_job], minimum_interval_seconds=int(tick_interval_s),
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="ONES: every tick, decide GPUs and batch size for every job; start, resize, preempt runs")
     def ones_scheduler_sensor(context: dg.SensorEvaluationContext, ones_env: OnesEnvResource, mlflow: MlflowResource,
                               inventory: InventoryResource):
-        return scheduler_tick(context, ones_env.config(), mlflow, inventory)
+        return scheduler_tick(context, ones_env.config(), mlflow, inventory, declared)
 
     return ones_scheduler_sensor
 

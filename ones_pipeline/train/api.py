@@ -413,7 +413,9 @@ class TrainingSession:
             m["accuracy"] = float(accuracy)
             if loss is not None:
                 m["test_loss"] = float(loss)
-            self._run.log_metrics(m, step=pr.samples_done)
+            if self.finished:  # its model, then these metrics linked to it (adapters.mlflow.models)
+                self._run.log_model(self._model, pr.samples_done, register_as=self.spec.register_as)
+            self._run.log_metrics(m, step=pr.samples_done, model_id=self._run.model_id)
         if self.is_main:
             self._report({"event": "epoch", "epoch": round(pr.samples_done / self.dataset_size, 3),
                           "samples": pr.samples_done, "accuracy": float(accuracy),

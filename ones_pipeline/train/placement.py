@@ -14,13 +14,15 @@ from ones_pipeline.train.noise_budget import DEFAULT_BUDGET, budget_from_env, bu
 
 
 def system_metrics(gpu: bool) -> dict[str, float]:
-    """CPU and memory of this process (psutil), and GPU utilisation and memory (NVML), when present."""
+    """CPU and memory of this process (psutil), and GPU utilisation and memory (NVML), when present. Named as
+    MLflow's own system metrics (``system/...``): its run page shows them in the System metrics tab, not
+    among the model's charts."""
     out: dict[str, float] = {}
     try:
         import psutil
 
-        out["system_cpu_percent"] = float(psutil.cpu_percent(None))
-        out["system_rss_mb"] = psutil.Process().memory_info().rss / 2**20
+        out["system/cpu_utilization_percentage"] = float(psutil.cpu_percent(None))
+        out["system/process_rss_megabytes"] = psutil.Process().memory_info().rss / 2**20
     except ImportError:
         pass
     if gpu:
@@ -30,8 +32,8 @@ def system_metrics(gpu: bool) -> dict[str, float]:
             pynvml.nvmlInit()
             for i in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                out[f"system_gpu_{i}_utilization_percent"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                out[f"system_gpu_{i}_memory_mb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+                out[f"system/gpu_{i}_utilization_percentage"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                out[f"system/gpu_{i}_memory_usage_megabytes"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
         except Exception:  # no NVML library or driver: CPU metrics only
             pass
     return out

@@ -50,15 +50,33 @@ def default_tracking_uri(base_dir: str | os.PathLike) -> str:
 _RUN_ROUTE = "#/experiments/{experiment}/runs/{run}?workflowType=machine_learning"
 
 
-def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None, address: bool = True) -> str:
+DEFAULT_UI_URL = "http://127.0.0.1:5000"  # `mlflow ui`'s own default address
+UI_URL_ENV = "ONES_MLFLOW_UI_URL"  # the environment's ``mlflow.ui_url``, passed to training steps
+
+
+def ui_base(tracking_uri: str, ui_url: str | None = None) -> str:
+    """The MLflow UI's address: ``ui_url`` when set, the tracking server itself for an http(s) store, else
+    `mlflow ui`'s default address."""
+    if ui_url:
+        return ui_url.rstrip("/")
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return DEFAULT_UI_URL
+
+
+def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None, address: bool = True,
+             ui_url: str | None = None) -> str:
     """Where to look at a run: for an http(s) store, a URL into its MLflow UI (experiment ``0``, MLflow's
     default, when ``experiment_id`` is not given: the UI shows the run all the same); for any other store,
     how to open a UI on it: ``run <id> in <uri> (mlflow ui --backend-store-uri <uri>, then
-    http://127.0.0.1:5000/#/...)``, without the address when ``address`` is false (a narrow table cell)."""
+    <ui>/#/...)``, without the address when ``address`` is false (a narrow table cell). The UI's address:
+    ``ui_url``, else ``$ONES_MLFLOW_UI_URL``, else the http(s) store itself or `mlflow ui`'s
+    http://127.0.0.1:5000 (``ui_base``)."""
     route = _RUN_ROUTE.format(experiment=experiment_id or "0", run=run_id)
+    base = ui_base(tracking_uri, ui_url or os.environ.get(UI_URL_ENV))
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/{route}"
-    then = f", then http://127.0.0.1:5000/{route}" if address else ""
+        return f"{base}/{route}"
+    then = f", then {base}/{route}" if address else ""
     return f"run {run_id} in {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri}{then})"
 
 

@@ -51,6 +51,7 @@ class JobRun:
         self.generation = generation
         self.restarts = restarts
         self.resumed = resumed
+        self.model_id: str | None = None  # the logged model of the finished job (``log_model``)
 
     @property
     def run_id(self) -> str:
@@ -97,14 +98,33 @@ class JobRun:
         job_run.set_tags({TAG_JOB: job_name, TAG_GENERATION: generation, TAG_RESTARTS: restarts, **extra_tags})
         return job_run
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Log ``metrics`` at ``step`` (= samples done) in one ``log_batch``; None values are skipped."""
+    def log_metrics(self, metrics: Mapping[str, float], step: int, model_id: str | None = None) -> None:
+        """Log ``metrics`` at ``step`` (= samples done) in one ``log_batch``; None values are skipped. With
+        ``model_id`` (a logged model of this run) they are that model's metrics too."""
         if isinstance(step, bool) or int(step) != step or step < 0:
             raise ValueError(f"job {self.job}: step must be an integer >= 0 (samples done), got {step!r}")
         ts = int(time.time() * 1000)
-        batch = [Metric(_key(k), float(v), ts, int(step)) for k, v in metrics.items() if v is not None]
+        batch = [Metric(_key(k), float(v), ts, int(step), model_id=model_id) for k, v in metrics.items()
+                 if v is not None]
         for chunk in chunks(batch, MAX_METRICS_PER_BATCH):
             self.client.log_batch(self._run_id, metrics=chunk, synchronous=True)
+
+    def log_model(self, model, step: int, register_as: str | None = None):
+        """The finished job's model as this run's logged model (and a version of ``register_as``):
+        ``adapters.mlflow.models.log_trained_model``; sets ``model_id``. A model MLflow cannot save is said in
+        the log and leaves ``model_id`` None: the finished job stands all the same. Returns the
+        ``TrainedModel`` or None."""
+        from ones_pipeline.adapters.mlflow.models import log_trained_model
+
+        try:
+            trained = log_trained_model(self.client.tracking_uri, self._run_id, model, step=step,
+                                        register_as=register_as, tags={TAG_JOB: self.job})
+        except Exception as exc:  # noqa: BLE001 - e.g. a model class pickle cannot reach
+            log.warning("job %s: its model was not logged to MLflow run %s: %s", self.job, self._run_id, exc)
+            self.set_tags({"ones.model_error": str(exc)[:500]})
+            return None
+        self.model_id = trained.model_id
+        return trained
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         items = [RunTag(_key(k), _truncate(_stringify(v), MAX_TAG_VAL_LENGTH)) for k, v in tags.items()]
