@@ -133,10 +133,17 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
         from ones_pipeline.adapters.mlflow import read_progress
 
         uri = f"sqlite:///{project / '.ones/state/mlflow.db'}"
+        decisions_file = project / ".ones/state/decisions.jsonl"
         for name, text in JOBS.items():
-            if name != "long-cnn":  # the others once the long job has trained a few epochs
+            if name == "quick-mlp":  # once the long job has trained a few epochs
                 while not (p := read_progress(uri, "ones", ["long-cnn"]).get("long-cnn")) or p.epochs_done < 3:
                     assert time.monotonic() < deadline + TIMEOUT_S, "long-cnn made no progress"
+                    time.sleep(1)
+            elif name == "mid-mlp":
+                # Once the sensor has placed quick-mlp: one job arrives at a tick, so ones shrinks the long job
+                # for it (in place) rather than stopping it for two (a tick that saw both at once preempted it).
+                while not (decisions_file.exists() and '"job": "quick-mlp"' in decisions_file.read_text()):
+                    assert time.monotonic() < deadline + TIMEOUT_S, "quick-mlp never decided on"
                     time.sleep(1)
             spec = project / f"{name}.yaml"
             spec.write_text(text)
