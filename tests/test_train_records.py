@@ -115,3 +115,12 @@ def test_an_unreadable_checkpoint_ends_in_one_line(tmp_path):
     lines = [line for line in one_line(out.stderr) if "cannot load checkpoint" not in line]  # the loader's warning
     assert out.returncode == 2 and len(lines) == 1 and "no readable checkpoint" in lines[0], out.stderr[-3000:]
     assert "Traceback" not in out.stderr
+
+
+def test_a_rank_whose_peer_was_killed_ends_in_one_line(tmp_path):
+    """Rank 0 killed (here as it begins a checkpoint, its peer waiting in the barrier): the peer's collective fails;
+    it says so in one line and exits 1 (found by benchmarks/chaos.py: a gloo traceback per surviving rank)."""
+    out = launch(tmp_path, 0, "kill-at-checkpoint", slots=2, epochs=1)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "job rec rank 1: a peer left the group (killed or failed), so this rank stops" in out.stderr

@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,7 +57,6 @@ from ones_pipeline.train.checkpoint import (
 from ones_pipeline.train.micro_batches import Step
 from ones_pipeline.train.noise_probe import NoiseScaleProbe
 from ones_pipeline.train.placement import Placement, spec_from_json, spec_to_json, system_metrics
-from ones_pipeline.train.records import BAD_INPUT_EXIT, BadCheckpoint
 from ones_pipeline.train.sampler import EpochOrder
 
 __all__ = ["Placement", "Progress", "Step", "TrainingSession", "spec_from_json", "spec_to_json", "system_metrics"]
@@ -149,12 +147,10 @@ class TrainingSession:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and self._run is not None:
             self._run.finish("FAILED")
-        if isinstance(exc, BadCheckpoint):  # one line (rank 0's), not a traceback per rank
-            if self.is_main:
-                print(f"ones train: {exc}", file=sys.stderr, flush=True)
-            self._teardown(exc)
-            raise SystemExit(BAD_INPUT_EXIT) from None
+        code = records.quiet_exit(exc, self.spec.name, self.p.rank)  # one line, not a traceback per rank
         self._teardown(exc)
+        if code is not None:
+            raise SystemExit(code) from None
 
     def _teardown(self, exc: BaseException | None) -> None:
         if dist.is_initialized():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -33,6 +34,32 @@ BAD_INPUT_EXIT = 2
 
 class BadCheckpoint(ValueError):
     """The job's checkpoint cannot be used for this job (unreadable, of another model); the message is one line."""
+
+
+def quiet_exit(exc: BaseException | None, job: str, rank: int) -> int | None:
+    """For a rank ending on ``exc``: the exit code to end with after one line on stderr instead of a traceback, or
+    None (let it propagate). A checkpoint the job cannot use: rank 0's line, exit 2 (``BAD_INPUT_EXIT``). A collective
+    that failed because a peer left the group (killed: gloo's ``Connection reset by peer`` / ``closed by peer``, or
+    torch's ``DistError``): this rank's line, exit 1 (the launcher decides from rank 0, as before)."""
+    if isinstance(exc, BadCheckpoint):
+        if rank == 0:
+            print(f"ones train: {exc}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT
+    if _peer_gone(exc):
+        first = next((x.strip() for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
+        print(f"ones train: job {job} rank {rank}: a peer left the group (killed or failed), so this rank stops: "
+              f"{first[:200]}", file=sys.stderr, flush=True)
+        return 1
+    return None
+
+
+def _peer_gone(exc: BaseException | None) -> bool:
+    if not isinstance(exc, RuntimeError):
+        return False
+    if any(c.__name__ == "DistError" for c in type(exc).__mro__):  # torch.distributed's (no torch import here)
+        return True
+    text = str(exc)
+    return "gloo" in text and any(m in text for m in ("by peer", "Broken pipe", "Connection refused"))
 
 
 def report(state_dir: Path, row: Mapping[str, Any]) -> None:
