@@ -12,9 +12,9 @@ is asked to shrink to 1 slot, then to grow back to both. Each kill of this kind 
   time 0.2-4 s after the request (mostly the warm-up), half the time as soon as the launcher's plan is seen
   (the group re-forming), or 20 s after the request if neither comes.
 
-Each kill is recorded with the change's stage, read from the launcher's resize directory (``warm-up``: the
-newcomer not ready yet; ``change``: a plan written, the group not re-formed; ``after``: the change done;
-``none``: the request not taken up yet). Draws use the benchmark's numpy Generator.
+Each kill is recorded with the change's stage, read from the launcher's resize directory (``warm-up``: nothing
+of the change written yet, or the newcomer not ready; ``change``: its plan written, the group not re-formed;
+``after``: the change done). Draws use the benchmark's numpy Generator.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Resizing:
     kill_at: float | None  # monotonic time of the kill (None: not drawn yet)
     launcher: int
     at_change: bool = False  # kill as soon as the change's plan is written (by kill_at at the latest)
+    k0: int = 0  # the launcher's last change number when the current change was requested
     requested: list[str] = field(default_factory=list)
 
 
@@ -101,21 +102,28 @@ class ResizeKills:
         return None
 
     def _request(self, cur: Resizing, slots: list[int]) -> None:
+        cur.k0 = self._last_change(cur)[0]
         request_resize(self.jobs_dir / cur.job, cur.generation, slots, reason="chaos")
         self.requests += 1
         cur.requested.append(f"{'2 -> 1' if len(slots) == 1 else '1 -> 2'}")
 
-    def _stage(self, cur: Resizing) -> str:
-        """The newest change's stage in the launcher's resize directory (``.resize-<launcher PID>-<port>``)."""
+    def _last_change(self, cur: Resizing) -> tuple[int, list[str]]:
+        """The launcher's newest change number in its resize directory (``.resize-<launcher PID>-<port>``; 0: none)
+        and the directory's file names."""
         try:
             names = [f.name for d in self.jobs_dir.joinpath(cur.job).glob(f".resize-{cur.launcher}-*")
                      for f in d.iterdir()]
         except OSError:  # removed as the launcher ended
-            return "none"
+            return 0, []
         ks = [int(m.group(1)) for n in names if (m := re.match(r"(?:ready|plan|began|done)-(\d+)", n))]
-        if not ks:
-            return "none"
-        k = max(ks)
+        return max(ks, default=0), names
+
+    def _stage(self, cur: Resizing) -> str:
+        """The requested change's stage: ``warm-up`` until its first file (a newcomer's ``ready``, or a shrink's
+        plan), then ``change`` (plan written) and ``after`` (``done``)."""
+        k, names = self._last_change(cur)
+        if k <= cur.k0:
+            return "warm-up"
         if f"done-{k}" in names:
             return "after"
         return "change" if f"plan-{k}.json" in names else "warm-up"
