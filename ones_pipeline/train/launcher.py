@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_request_file
+from ones_pipeline.config.layout import PROGRESS_FILE, STEP_PID_ENV, ProgressTail, preempt_request_file
 from ones_pipeline.core.types import JobSpec, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.placement import Placement, spec_to_json
@@ -168,7 +168,8 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
     tail = ProgressTail(Path(req.state_dir) / PROGRESS_FILE)
-    parent = os.getppid()
+    # The step that started us, as it says (killed while we started up, it left getppid() naming the reaper).
+    parent = int(os.environ.get(STEP_PID_ENV) or 0) or os.getppid()
     trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
     killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
     procs, resizer = _start_all(req, port, stop_file)
