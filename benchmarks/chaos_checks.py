@@ -257,8 +257,9 @@ def tracebacks(root: Path) -> list[tuple[str, str]]:
 def check_tracebacks(found: Sequence[tuple[str, str]]) -> Check:
     detail = f"{len(found)} traceback(s)"
     if found:
+        where = Counter(Path(f).name if Path(f).name == "daemon.log" else Path(f).suffix for f, _ in found)
         kinds = Counter(last.split(":")[0] for _, last in found)
-        detail += f" ({dict(kinds)}); first: {found[0][0]}: {found[0][1]}"
+        detail += f" by file {dict(where)}, by exception {dict(kinds)}; first: {found[0][0]}: {found[0][1]}"
     return Check("no traceback in any log (ones run, daemon, compute logs of launchers and ranks)", not found, detail)
 
 
