@@ -1,8 +1,9 @@
 """Chaos run of the live pipeline: kill -9 its pieces at random while it trains, then check nothing was lost.
 
-A temporary project (``resources/local.yaml``: 2 CPU slots, 5 s ticks, retries unlimited and without
-backoff, since every killed rank or run worker is a failed run; ``assets/jobs``: ``--jobs`` cnn-digits
-jobs of ``--epochs`` epochs, a minute or two each on one slot here) is run by ``ones run`` while, at
+A temporary project (``resources/local.yaml``: 2 CPU slots, 5 s ticks, 1,000 retries (the most a project may
+set) without backoff, since every killed rank or run worker is a failed run; policy ``--policy``;
+``assets/jobs``: ``--jobs`` cnn-digits jobs of ``--epochs`` epochs, a minute or two each on one slot here,
+requesting ``--requested-gpus`` slots) is run by ``ones run`` while, at
 random intervals (exponential, mean ``--mean-interval``), ``--kills`` times one of these is killed with
 SIGKILL, the kind drawn uniformly:
 
@@ -13,9 +14,11 @@ SIGKILL, the kind drawn uniformly:
 * ``run-worker``: the process running one Dagster run (a child of the code server);
 * ``rank``: one training process of a job;
 * ``rank-checkpoint``: rank 0 of a job while it writes a checkpoint (inotify sees the temporary file,
-  rank 0 is frozen and killed only if the file is still there, so the write had not completed).
+  rank 0 is frozen and killed only if the file is still there, so the write had not completed);
+* ``resize``: rank 0, another rank or the launcher of a job while it changes its ranks in place, shrinking or
+  growing (``chaos_resize``: the benchmark requests the change, within the slots the generation holds).
 
-Nothing is restarted after the last three: the pipeline has to recover alone. When ``ones run`` exits
+Nothing is restarted after the last four: the pipeline has to recover alone. When ``ones run`` exits
 0 (every job trained, the report made), the run is checked, and each check printed:
 
 1. every job finished (materialized; none marked failed);
@@ -25,9 +28,11 @@ Nothing is restarted after the last three: the pipeline has to recover alone. Wh
    below it, with a restart in between, and by at most one checkpoint interval (an epoch: every
    evaluation checkpoints); the worst loss in samples and as a fraction of that interval;
 4. no slot tag (``ones/cpu-<id>``) held by two Dagster runs at once (run records: start, end, tags);
-5. no process of the project and no container of its jobs left, 30 s after ``ones run`` exited;
+5. no process of the project and no container of its jobs left, 90 s after ``ones run`` exited;
 6. (sampled every 0.5 s while it ran) no job trained by two generations at once, never more ranks than
    slots.
+7. no Python traceback in any log of the project (``ones run``'s, the daemon's, every run's compute logs with
+   the launchers' and ranks' stderr).
 
 Exit status 1 when a check fails or the run did not finish within ``--timeout``. All random draws
 (job lengths, intervals, kinds, targets) come from ``numpy.random.default_rng(--seed)``; the timing of a
@@ -64,44 +69,50 @@ from chaos_checks import (
     check_orphans,
     check_overlaps,
     check_rewinds,
+    check_tracebacks,
     dagster_facts,
     generation_starts,
     live_containers,
+    recoveries,
     result_samples,
     rewinds,
     samples_history,
     slot_overlaps,
+    tracebacks,
 )
 from chaos_procs import CheckpointWatcher, Proc, project_processes, run_id_of_worker
+from chaos_resize import ResizeKills
 
 from ones_pipeline.config import load_env, load_job_specs
 
-KINDS = ("supervisor", "daemon", "run-worker", "rank", "rank-checkpoint")
+KINDS = ("supervisor", "daemon", "run-worker", "rank", "rank-checkpoint", "resize")
 SLOTS = 2
 ENV_YAML = """cluster: {{gpus: none, cpu_slots: {slots}}}
 launcher: {{grace_period_s: 15}}
-scheduler: {{tick_interval_s: 5, decision_budget_s: 0.5, max_retries: 100000, retry_backoff_s: 0, min_run_s: 30}}
-policy: {{name: ones, seed: {seed}}}
+scheduler: {{tick_interval_s: 5, decision_budget_s: 0.5, max_retries: 1000, retry_backoff_s: 0, min_run_s: 30}}
+policy: {{name: {policy}, seed: {seed}}}
 """
 JOB_YAML = """model: cnn-digits
 per_gpu_batch: 32
 base_lr: 0.02
 max_lr: 0.08
+requested_gpus: {requested}
 max_gpus: 2
 stopping: {{epochs: {epochs}}}
 """
 ONES = str(Path(sys.executable).parent / "ones")
 
 
-def write_project(root: Path, jobs: int, epochs: tuple[int, int], seed: int, rng: np.random.Generator) -> list[str]:
+def write_project(root: Path, args: argparse.Namespace, rng: np.random.Generator) -> list[str]:
+    jobs, epochs = args.jobs, args.epochs
     (root / "resources").mkdir(parents=True)
     (root / "assets" / "jobs").mkdir(parents=True)
-    (root / "resources" / "local.yaml").write_text(ENV_YAML.format(slots=SLOTS, seed=seed))
+    (root / "resources" / "local.yaml").write_text(ENV_YAML.format(slots=SLOTS, seed=args.seed, policy=args.policy))
     names = []
     for i in range(jobs):
         name = f"chaos-{chr(ord('a') + i)}"
         n = int(rng.integers(epochs[0], epochs[1] + 1))
-        (root / "assets" / "jobs" / f"{name}.yaml").write_text(JOB_YAML.format(epochs=n))
+        (root / "assets" / "jobs" / f"{name}.yaml").write_text(JOB_YAML.format(epochs=n, requested=args.requested_gpus))
         names.append(name)
     return names
 
@@ -133,6 +144,7 @@ class Chaos:
         self.scans = 0
         self.double: list[str] = []
         self.watcher = CheckpointWatcher(env.layout.jobs_dir, jobs, lambda job: self.rank0.get(job))
+        self.resizes = ResizeKills(env.layout.jobs_dir, rng, self.say)
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f} s] {text}", flush=True)
@@ -255,9 +267,13 @@ class Chaos:
             if kind == "rank-checkpoint":
                 self.watcher.armed.set()
         kind, give_up, min_age = self.pending
-        done = self._kill_checkpoint() if kind == "rank-checkpoint" else self._kill(kind, min_age)
+        if kind == "rank-checkpoint":
+            done = self._kill_checkpoint()
+        else:
+            done = self._kill_resize(min_age) if kind == "resize" else self._kill(kind, min_age)
         if not done and now > give_up:
             self.watcher.armed.clear()
+            self.resizes.abandon()
             done = kind == "rank-checkpoint" and self._kill_checkpoint()  # one may have landed meanwhile
             if not done:
                 self.skipped[kind] += 1
@@ -277,6 +293,17 @@ class Chaos:
             return False
         where = "between its renames" if k.between_renames else "before its rename"
         self._record("rank-checkpoint", k.pid, f"{k.job} rank 0 writing {k.tmp} ({where})")
+        return True
+
+    def _kill_resize(self, min_age_s: float) -> bool:
+        target = self.resizes.step(self.procs, time.time() - min_age_s)
+        if target is None:
+            return False
+        try:
+            os.kill(target[0], signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+        self._record("resize", *target)
         return True
 
     def _kill(self, kind: str, min_age_s: float) -> bool:
@@ -302,7 +329,7 @@ class Chaos:
         return p.describe() if p.role == "rank" else "dagster-daemon"
 
     # -- the end -----------------------------------------------------------------------------------
-    def orphans(self, grace_s: float = 30.0) -> list[Proc]:
+    def orphans(self, grace_s: float = 90.0) -> list[Proc]:
         """Processes of the project still there ``grace_s`` after ``ones run`` exited."""
         deadline = time.monotonic() + grace_s
         while (left := project_processes(self.project)) and time.monotonic() < deadline:
@@ -331,7 +358,7 @@ def _alive(pid: int) -> bool:
 
 
 def verify(chaos: Chaos, specs, orphans: list[Proc], containers: list[str] | None) -> tuple[list, list[dict], list]:
-    """The six checks, a row per job, and the training runs (run id, tags, start, end, status)."""
+    """The seven checks, a row per job, and the training runs (run id, tags, start, end, status)."""
     env = chaos.env
     finished, mats, runs = dagster_facts(env, chaos.jobs)
     rows, all_rewinds, table = [], [], []
@@ -355,7 +382,7 @@ def verify(chaos: Chaos, specs, orphans: list[Proc], containers: list[str] | Non
     rewind_check, _ = check_rewinds(all_rewinds, {r.job: r.interval for r in rows})
     checks = [check_finished(chaos.jobs, finished, env.layout.failed()), check_exact(rows), rewind_check,
               check_overlaps(overlaps, spans, SLOTS), check_orphans(orphans, containers),
-              check_double_training(chaos.double, chaos.scans)]
+              check_double_training(chaos.double, chaos.scans), check_tracebacks(tracebacks(chaos.project))]
     return checks, table, runs
 
 
@@ -375,6 +402,11 @@ def report(chaos: Chaos, checks, table: list[dict], runs: list, wall_s: float) -
           f"renames; {chaos.watcher.misses} armed writes completed before the freeze and were let go)")
     if chaos.skipped:
         print(f"draws with no target within {chaos.args.target_wait:.0f} s: {dict(chaos.skipped)}")
+    if chaos.resizes.requests:
+        print(f"in-place resizes requested: {chaos.resizes.requests}; resize kills by change and stage: "
+              f"{dict(sorted(chaos.resizes.stages.items()))}")
+    print(f"the product's own time limits and changes: "
+          f"{recoveries(chaos.project, chaos.env.layout.jobs_dir, chaos.jobs)}")
     print(f"`ones run` launched {chaos.launches} time(s); refused {chaos.refusals} time(s) while the daemon of a "
           "killed supervisor still ran (then what the refusal says: kill -INT)")
     statuses = Counter(r[4] for r in runs)
@@ -396,6 +428,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds to wait for something of the drawn kind to kill before drawing again (60)")
     ap.add_argument("--timeout", type=float, default=2400.0, help="give up after this many seconds (2400)")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"what may be killed ({','.join(KINDS)})")
+    ap.add_argument("--policy", default="ones", help="the scheduling policy (ones)")
+    ap.add_argument("--requested-gpus", type=int, choices=(1, 2), default=1,
+                    help="each job's requested slots (1); with --policy fifo, 2 makes every generation hold both "
+                         "slots, which the resize kind needs (ones gives one slot each while two jobs wait)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary project (its path is printed)")
     args = ap.parse_args(argv)
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -417,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rng = np.random.default_rng(args.seed)
     root = Path(tempfile.mkdtemp(prefix="ones-chaos-"))
-    jobs = write_project(root / "project", args.jobs, args.epochs, args.seed, rng)
+    jobs = write_project(root / "project", args, rng)
     env = load_env(root / "project")
     specs, _ = load_job_specs(env.jobs_dir)
     print(f"chaos: {len(jobs)} jobs ({', '.join(f'{j} {specs[j].stopping.epochs:g} ep' for j in jobs)}) on "

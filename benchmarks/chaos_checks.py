@@ -6,7 +6,10 @@ the checkpoints the watcher saw completed (``chaos_procs.CheckpointWatcher``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,3 +230,54 @@ def live_containers(jobs: Sequence[str]) -> list[str] | None:
     except Exception:  # no SDK, no engine: nothing the subprocess launcher could have left
         return None
     return [c.name for c in found if (c.labels or {}).get(LABEL_JOB) in set(jobs)]
+
+
+TRACEBACK = "Traceback (most recent call last)"
+LOG_SUFFIXES = (".log", ".err", ".out")
+
+
+def tracebacks(root: Path) -> list[tuple[str, str]]:
+    """(file, exception line) of every Python traceback in the project's logs: ``ones run``'s output, Dagster's
+    (the daemon's, and every run's compute logs: the launchers' and ranks' stderr)."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in LOG_SUFFIXES or not path.is_file():
+            continue
+        lines = path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if TRACEBACK not in line:
+                continue
+            rest = (re.sub(r"^\[rank\d+\]:\s?", "", x) for x in lines[i + 1:])
+            last = next((x for x in rest if x and not x[0].isspace() and not x.startswith(("Traceback", "During"))),
+                        "?")
+            found.append((str(path.relative_to(root)), last[:160]))
+    return found
+
+
+def check_tracebacks(found: Sequence[tuple[str, str]]) -> Check:
+    detail = f"{len(found)} traceback(s)"
+    if found:
+        where = Counter(Path(f).name if Path(f).name == "daemon.log" else Path(f).suffix for f, _ in found)
+        kinds = Counter(last.split(":")[0] for _, last in found)
+        detail += f" by file {dict(where)}, by exception {dict(kinds)}; first: {found[0][0]}: {found[0][1]}"
+    return Check("no traceback in any log (ones run, daemon, compute logs of launchers and ranks)", not found, detail)
+
+
+def recoveries(root: Path, jobs_dir: Path, jobs: Sequence[str]) -> dict[str, int]:
+    """How often the product's own time limits fired (recoveries, not failures; a hang would show as a run that
+    never finishes): in-place resizes that fell back, by reason, and stops that outlasted the grace period."""
+    out: Counter[str] = Counter()
+    for job in jobs:
+        path = jobs_dir / job / "progress.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if row.get("event") == "resize_fallback":
+                    out[f"resize fallback: {re.sub(r'[0-9-]+', 'N', str(row.get('reason')))}"] += 1
+                elif row.get("event") == "resized":
+                    out["resized in place"] += 1
+    for path in root.rglob("*"):
+        if path.suffix in LOG_SUFFIXES and path.is_file():
+            out["stop outlasted the grace period"] += path.read_text(errors="replace").count(
+                "after the stop request: killing them")
+    return dict(out)

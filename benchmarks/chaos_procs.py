@@ -43,6 +43,8 @@ class Proc:
     rank: int = -1
     generation: int = -1
     started_s: float = 0.0  # process creation, Unix seconds
+    launcher: int = 0  # ranks only: their launcher's PID
+    joining: bool = False  # ranks only: started to join a running group (an in-place grow's newcomer)
 
     def describe(self) -> str:
         if self.role == "rank":
@@ -86,7 +88,8 @@ def project_processes(project: Path) -> list[Proc]:
             role = "run-worker" if parent == "code-server" else "step-worker" if parent == "spawn" else "other"
         job = Path(env.get("ONES_STATE_DIR", "")).name if role == "rank" else ""
         out.append(Proc(pid, ppid, role, " ".join(cmd), job, int(env.get("ONES_RANK", -1) or -1),
-                        int(env.get("ONES_GENERATION", -1) or -1), started))
+                        int(env.get("ONES_GENERATION", -1) or -1), started, int(env.get("ONES_LAUNCHER_PID") or 0),
+                        env.get("ONES_JOINING") == "1"))
     return sorted(out, key=lambda p: p.pid)
 
 

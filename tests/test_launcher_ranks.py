@@ -127,3 +127,20 @@ def test_rank_0s_own_task_still_stops_an_untrained_generation_at_once(tmp_path, 
     assert time.monotonic() - started < 15
     rows = [json.loads(line) for line in (req.state_dir / PROGRESS_FILE).read_text().splitlines()]
     assert {"event": "stopped", "before_training": True}.items() <= rows[-1].items()
+
+
+def test_a_launcher_whose_step_died_while_it_started_stops_its_ranks(tmp_path, monkeypatch):
+    """Found by benchmarks/chaos.py: a run worker killed while its launcher was still importing left the launcher an
+    orphan from the start, so it took the reaper for its parent and trained on beside the job's next generation.
+    The step now names itself (``ONES_STEP_PID``): here a process that is not the launcher's parent."""
+    req = request(tmp_path, monkeypatch, rank_0="stop", rank_1="stop")
+    import dataclasses
+    import subprocess
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    monkeypatch.setenv("ONES_STEP_PID", str(gone.pid))
+    t0 = time.monotonic()
+    assert launch(dataclasses.replace(req, dagster_run_id="run-1")) == 0
+    assert time.monotonic() - t0 < 30
+    assert {(req.state_dir / f"rank-{r}.done").read_text() for r in (0, 1)} == {"stop file"}

@@ -39,6 +39,12 @@ def preempt_request_file(job_dir: Path | str, generation: int) -> Path:
     return Path(job_dir) / PREEMPT_FILE.format(generation=int(generation))
 
 
+# The PID of the Dagster step that starts a training launcher as its subprocess (``defs/launchers.py``): the
+# launcher stops its ranks once its parent is no longer that process (the step's run worker died), also when that
+# happened while the launcher was still starting up.
+STEP_PID_ENV = "ONES_STEP_PID"
+
+
 class ProgressTail:
     """New complete lines of a job's ``progress.jsonl`` since this object was made (earlier lines, e.g. of
     earlier generations, skipped; a half-written last line waits for the next call). Read by the launcher

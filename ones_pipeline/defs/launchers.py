@@ -19,6 +19,7 @@ period and the seed. No ``from __future__ import annotations``: Dagster resolves
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.config import EnvConfig
-from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
+from ones_pipeline.config.layout import PROGRESS_FILE, STEP_PID_ENV, preempt_request_file
 from ones_pipeline.defs.resources import MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
 
@@ -58,7 +59,8 @@ class SubprocessLauncher(StepLauncher):
         grace = self.ones_env.config().launcher.grace_period_s
         client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=grace + 10)
         invocation = client.run(context=context, command=[sys.executable, "-m", STEP_MODULE],
-                                extras=self.step_extras(allocation), env=self.mlflow.step_env())
+                                extras=self.step_extras(allocation),
+                                env={**self.mlflow.step_env(), STEP_PID_ENV: str(os.getpid())})
         return _reported(invocation)
 
 

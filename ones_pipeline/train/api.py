@@ -31,7 +31,6 @@ writes a checkpoint and ends the MLflow run as KILLED; ``batches()`` then ends a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -44,12 +43,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ones_pipeline.config.layout import PROGRESS_FILE
 from ones_pipeline.core.progress import convergence_counters
 from ones_pipeline.core.types import StopKind, lr_for_batch
-from ones_pipeline.train import membership
+from ones_pipeline.train import membership, records
 from ones_pipeline.train.batch_tuning import BatchChange, BatchTuner, as_observation
-from ones_pipeline.train.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from ones_pipeline.train.checkpoint import (
+    capture_rng_state,
+    load_checkpoint_of,
+    restore_modules,
+    restore_rng_state,
+    save_checkpoint,
+)
 from ones_pipeline.train.micro_batches import Step
 from ones_pipeline.train.noise_probe import NoiseScaleProbe
 from ones_pipeline.train.placement import Placement, spec_from_json, spec_to_json, system_metrics
@@ -79,8 +83,9 @@ class Progress:
     lr_to: float | None = None
     warmup_start_samples: int = 0
     global_batch: int | None = None
-    restarts: int = 0
+    restarts: int = 0  # starts of training after the first (``records.starts``)
     finished: bool = False
+    record: dict | None = None  # the last epoch's MLflow point and event (``records``: written after the checkpoint)
 
 
 class TrainingSession:
@@ -142,8 +147,14 @@ class TrainingSession:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None and self._run is not None:
             self._run.finish("FAILED")
+        code = records.quiet_exit(exc, self.spec.name, self.p.rank)  # one line, not a traceback per rank
+        self._teardown(exc)
+        if code is not None:
+            raise SystemExit(code) from None
+
+    def _teardown(self, exc: BaseException | None) -> None:
         if dist.is_initialized():
-            if exc_type is None:
+            if exc is None:
                 # Leave together: rank 0 hosts the rendezvous store, and a peer still tearing down
                 # its process group after rank 0 has gone can wait on it until the timeout.
                 try:
@@ -163,16 +174,11 @@ class TrainingSession:
         """Restore the latest checkpoint (if any), open the job's MLflow run (rank 0), wrap for DDP. A process
         that joins a running group in place (``membership.join``) gets the state from rank 0 instead."""
         self._optimizer = optimizer
-        ckpt = None if self.p.joining else load_checkpoint(self.p.state_dir)
+        ckpt = None if self.p.joining else load_checkpoint_of(self.p.state_dir, self.spec)
         if self.p.joining and not membership.join(self):
             return model  # stopped before it joined
         if ckpt is not None:
-            model.load_state_dict(ckpt["model"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            self.progress = Progress(**ckpt["progress"])
-            # A generation launched after the job had finished (the scheduler had not seen the end yet)
-            # trains nothing: it is not a restart.
-            self.progress.restarts += 0 if self.progress.finished else 1
+            self.progress = Progress(**restore_modules(ckpt, model, optimizer, self.spec, self.p.state_dir))
             restore_rng_state(ckpt["rng"])
             self._gns.load_state_dict(ckpt.get("noise_scale"))  # absent in checkpoints from before GNS
             self._tuner.load_state_dict(ckpt.get("batch_tuning"))
@@ -183,25 +189,20 @@ class TrainingSession:
         self._set_lr()
         self._model = model = membership.wrap(self, model.to(self.device))
         self._gns.attach(model)
-        # A generation that finds the job finished trains nothing: its MLflow run is left as it ended.
-        if self.is_main and self.p.tracking_uri and not self.finished:
-            from ones_pipeline.adapters.mlflow import JobRun
-            from ones_pipeline.config import job_spec_to_yaml_dict
-
-            run_params = job_spec_to_yaml_dict(self.spec)  # the fields that apply (no patience on an epochs job)
-            run_params.update(params or {})
-            self._run = JobRun.open(self.p.tracking_uri, self.p.experiment, self.spec.name, self.p.state_dir,
-                                    params=run_params, generation=self.p.generation)
-            self._report({"event": "mlflow_run", "run_id": self._run.run_id,
-                          "experiment_id": self._run.experiment_id, "generation": self.p.generation})
-            if self.p.dagster_run_id:  # from the MLflow run back to the Dagster run of each generation
-                self._run.set_tags({"dagster.run_id": self.p.dagster_run_id,
-                                    f"dagster.run_id.g{self.p.generation}": self.p.dagster_run_id})
-            from ones_pipeline.train.slurm_ranks import mlflow_device_tags
-
-            if slurm_tags := mlflow_device_tags(self.p.generation):  # {} off Slurm
-                self._run.set_tags(slurm_tags)
+        # A generation that finds the job finished trains nothing: its MLflow run is left as it ended, unless the
+        # process that finished it was killed before it wrote the last epoch's record or the result.
+        ended = self.finished and records.recorded(self.p.state_dir, self.progress.record) and self._result_written
+        if self.is_main and self.p.tracking_uri and not ended:
+            self._run = records.open_run(self.p, params)
+        if self.is_main and ckpt is not None:
+            records.replay(self.p.state_dir, self._run, self.progress.record)
+            if self.finished and not self._result_written:
+                self._finish()
         return model
+
+    @property
+    def _result_written(self) -> bool:
+        return records.result_path(self.p.state_dir).exists()
 
     def current_lr(self) -> float:
         pr = self.progress
@@ -324,6 +325,7 @@ class TrainingSession:
         pr.steps_done += 1
         if self._steps_here == 0 and self.is_main:  # for the launcher: from this step on, a kill would lose work
             self._report({"event": "training", "samples": pr.samples_done, "generation": self.p.generation})
+            pr.restarts = records.starts(self.p.state_dir) - 1
         self._steps_since_start += 1
         self._steps_here += 1
         if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
@@ -408,24 +410,22 @@ class TrainingSession:
         if loss is not None:
             pr.losses.append(float(loss))
         self.finished = self._stopping_rule_met()
-        m = self.metrics() if self.is_main else {}
-        if self._run is not None:
-            m["accuracy"] = float(accuracy)
-            if loss is not None:
-                m["test_loss"] = float(loss)
-            if self.finished:  # its model, then these metrics linked to it (adapters.mlflow.models)
-                self._run.log_model(self._model, pr.samples_done, register_as=self.spec.register_as)
-            self._run.log_metrics(m, step=pr.samples_done, model_id=self._run.model_id)
-        if self.is_main:
-            self._report({"event": "epoch", "epoch": round(pr.samples_done / self.dataset_size, 3),
-                          "samples": pr.samples_done, "accuracy": float(accuracy),
-                          "loss": None if loss is None else float(loss), "train_loss": m.get("loss"),
-                          "samples_per_s": m.get("samples_per_s"), "global_batch": self.global_batch,
-                          "processes": self.p.world_size, "generation": self.p.generation})
+        pr.record = None
+        if self.is_main:  # the epoch's record: written after the checkpoint that holds it (``records``)
+            m = {**self.metrics(), "accuracy": float(accuracy), "test_loss": loss}
+            pr.record = records.epoch_record(m if self._run is not None else {}, {
+                "event": "epoch", "epoch": round(pr.samples_done / self.dataset_size, 3), "samples": pr.samples_done,
+                "accuracy": float(accuracy), "loss": None if loss is None else float(loss),
+                "train_loss": m.get("loss"), "samples_per_s": m.get("samples_per_s"),
+                "global_batch": self.global_batch, "processes": self.p.world_size, "generation": self.p.generation})
         pr.finished = self.finished
         if not self.finished and not self._pending_stop:
             self._retune()
         self.checkpoint()
+        if self.is_main:
+            if self.finished and self._run is not None:  # its model, then the last metrics linked to it
+                self._run.log_model(self._model, pr.samples_done, register_as=self.spec.register_as)
+            records.write(self.p.state_dir, self._run, pr.record)
         if self.finished:
             self._finish()
         elif self._pending_stop:
@@ -435,8 +435,7 @@ class TrainingSession:
     def _report(self, row: Mapping[str, Any]) -> None:
         """Rank 0: one line of ``<state_dir>/progress.jsonl``, which the launcher relays to the orchestrator
         (Dagster Pipes log lines) while the job trains."""
-        with open(self.p.state_dir / PROGRESS_FILE, "a") as fh:
-            fh.write(json.dumps({**row, "time_s": time.time()}) + "\n")
+        records.report(self.p.state_dir, row)
 
     def _budget_reached(self) -> bool:
         rule = self.spec.stopping
@@ -463,7 +462,7 @@ class TrainingSession:
         """Rank 0: write the checkpoint now (``checkpoint`` is the ranks' agreed one)."""
         model = self._model.module if hasattr(self._model, "module") else self._model
         save_checkpoint(self.p.state_dir, {
-            "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
+            "model_name": self.spec.model, "model": model.state_dict(), "optimizer": self._optimizer.state_dict(),
             "progress": asdict(self.progress), "rng": capture_rng_state(),
             "noise_scale": self._gns.state_dict(), "batch_tuning": self._tuner.state_dict()})
 
@@ -490,9 +489,7 @@ class TrainingSession:
                       "accuracy": self.progress.accuracies[-1] if self.progress.accuracies else None,
                       "restarts": self.progress.restarts, "global_batch": self.global_batch,
                       "mlflow_run_id": self._run.run_id if self._run is not None else None}
-            tmp = self.p.state_dir / "result.json.tmp"
-            tmp.write_text(json.dumps(result))
-            os.replace(tmp, self.p.state_dir / "result.json")
+            records.write_result(self.p.state_dir, result)
 
     def log_step_metrics(self) -> None:
         """Log the current step metrics (rank 0); call every few steps for a live progress curve."""

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ones_pipeline.reporting import new_file_mode
+from ones_pipeline.train.records import BadCheckpoint
 from ones_pipeline.train.state_dir import check_state_dir
 
 log = logging.getLogger(__name__)
@@ -161,10 +162,11 @@ def load_checkpoint(state_dir: str | os.PathLike, required_keys: Iterable[str] =
         try:
             state = _load_one(path, required_keys)
         except Exception as e:  # any failure to read this file means: try the other one
-            msg = f"{path}: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            msg = f"{path}: {type(e).__name__}: {first[:120]}{'...' if len(first) > 120 else ''}"
             errors.append(msg)
-            fallback = f"falling back to {prev}" if path is latest and prev.exists() else "no other checkpoint"
-            log.warning("cannot load checkpoint %s (%s: %s); %s", path, type(e).__name__, e, fallback)
+            if path is latest and prev.exists():  # else the CheckpointError below says it all
+                log.warning("cannot load checkpoint %s; falling back to %s", msg, prev)
             continue
         if errors:
             log.warning("resuming from the previous checkpoint %s; the progress since it is lost", path)
@@ -175,6 +177,35 @@ def load_checkpoint(state_dir: str | os.PathLike, required_keys: Iterable[str] =
             + ". Move the broken files away to restart the job from scratch."
         )
     return None
+
+
+def load_checkpoint_of(state_dir: str | os.PathLike, spec) -> dict | None:
+    """``load_checkpoint`` for the job ``spec`` (a ``JobSpec``): BadCheckpoint, one line, when there are checkpoint
+    files but none is readable, or the newest is of another model (``model_name``, saved since issue 40)."""
+    try:
+        ckpt = load_checkpoint(state_dir)
+    except (CheckpointError, OSError, ValueError) as exc:
+        raise BadCheckpoint(f"job {spec.name}: {str(exc).splitlines()[0]}") from exc
+    if ckpt is not None and ckpt.get("model_name") not in (None, spec.model):
+        raise BadCheckpoint(f"job {spec.name}: the checkpoint in {state_dir} is of model {ckpt['model_name']}, this "
+                            f"job trains {spec.model}: give the job its own state directory, or move the checkpoint "
+                            "files away to start over")
+    return ckpt
+
+
+def restore_modules(ckpt: Mapping[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec,
+                    state_dir: str | os.PathLike) -> dict:
+    """Load ``ckpt``'s model and optimizer state; return its progress. BadCheckpoint (one line) when they do not
+    fit (a checkpoint without ``model_name`` of another model, or of a job whose own command changed its model)."""
+    try:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        return dict(ckpt["progress"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise BadCheckpoint(f"job {spec.name}: the checkpoint in {state_dir} does not fit this job's model "
+                            f"{spec.model} ({first[:160]}): give the job its own state directory, or move the "
+                            "checkpoint files away to start over") from exc
 
 
 def capture_rng_state() -> dict:

@@ -37,10 +37,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ones_pipeline.config.layout import PROGRESS_FILE, ProgressTail, preempt_request_file
+from ones_pipeline.config.layout import PROGRESS_FILE, STEP_PID_ENV, ProgressTail, preempt_request_file
 from ones_pipeline.core.types import JobSpec, batch_and_lr
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.placement import Placement, spec_to_json
+from ones_pipeline.train.records import BAD_INPUT_EXIT, result_path
 from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, Resizer, kill_all
 from ones_pipeline.train.slurm_ranks import read_leader_exit
 from ones_pipeline.train.state_dir import check_state_dir
@@ -167,7 +168,8 @@ def launch(req: LaunchRequest, on_event: Callable[[dict], None] | None = None) -
     stop_file = Path(req.state_dir) / f".stop-{os.getpid()}-{port}"
     stop_file.unlink(missing_ok=True)
     tail = ProgressTail(Path(req.state_dir) / PROGRESS_FILE)
-    parent = os.getppid()
+    # The step that started us, as it says (killed while we started up, it left getppid() naming the reaper).
+    parent = int(os.environ.get(STEP_PID_ENV) or 0) or os.getppid()
     trained: list[bool] = []  # rank 0 has taken a training step in this generation (its "training" event)
     killed_clean: list[bool] = []  # stopped before any training step: killing the ranks lost nothing
     procs, resizer = _start_all(req, port, stop_file)
@@ -315,7 +317,7 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
                             [r for r, c in zip(_ranks(req, len(codes)), codes, strict=True) if c],
                             sorted({c for c in codes if c}))
                 return 0
-            return 1
+            return _failed_exit(req, codes)
         if lingering_since is None and _leader_verdict(req, codes, wait_s=0.0):
             lingering_since = time.monotonic()
         if lingering_since is not None and time.monotonic() - lingering_since > req.grace_period_s:
@@ -327,8 +329,10 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             kill_all([procs[r] for r in stuck])
             return 0
         failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            log.error("job %s: a training process exited with %s; stopping the others", req.spec.name, failed[0])
+        if failed and not deadline:
+            if failed[0] != BAD_INPUT_EXIT or _rank0_code(req, codes) not in (None, BAD_INPUT_EXIT):
+                # (else: ranks stopped on bad input, which rank 0 explains in one line)
+                log.error("job %s: a training process exited with %s; stopping the others", req.spec.name, failed[0])
             on_signal(signal.SIGTERM, None)
         if not deadline and orphaned():
             log.warning("job %s: the Dagster step that started this launcher is gone: stopping with a checkpoint",
@@ -338,5 +342,26 @@ def _supervise(req: LaunchRequest, procs: list[subprocess.Popen], deadline: list
             log.error("job %s: processes still running %.0f s after the stop request: killing them",
                       req.spec.name, req.grace_period_s)
             kill_all(procs)
-            return 1
+            return _failed_exit(req, [p.poll() for p in procs])
         time.sleep(0.05)
+
+
+def _rank0_code(req: LaunchRequest, codes: Sequence[int | None]) -> int | None:
+    """Rank 0's exit code where this launcher runs it (None: still running, or not here)."""
+    ranks = _ranks(req, len(codes))
+    return codes[ranks.index(0)] if 0 in ranks else None
+
+
+def _failed_exit(req: LaunchRequest, codes: Sequence[int | None]) -> int:
+    """The exit code once the ranks have ended and not all cleanly: 2 when rank 0 stopped on bad input (it said why
+    in one line, e.g. a checkpoint of another model); 0 when the job had finished (rank 0 wrote its result: model,
+    MLflow run and result are final) before its ranks failed or were killed (e.g. rank 0 killed in its teardown),
+    saying so; else 1."""
+    if _rank0_code(req, codes) == BAD_INPUT_EXIT:
+        return BAD_INPUT_EXIT
+    if not result_path(req.state_dir).exists():
+        return 1
+    log.warning("job %s: rank(s) %s exited with %s after the job had finished (its result is written): the job is "
+                "done, nothing was lost", req.spec.name, [r for r, c in zip(_ranks(req, len(codes)), codes, strict=True)
+                                                          if c], sorted({c for c in codes if c}))
+    return 0
