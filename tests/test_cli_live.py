@@ -362,3 +362,43 @@ def test_ones_run_starts_again_a_daemon_that_dies_of_the_loader_race(tmp_path, c
     assert main(["run", "--project", str(tmp_path), "--timeout", "60"]) == 1
     err = capsys.readouterr().err
     assert "starting it again" not in err and err.count("the Dagster daemon exited (127)") == 1
+
+
+def test_dagster_started_by_a_supervisor_that_dies_mid_start_ends_without_a_traceback(tmp_path):
+    """Issue 40 (chaos.py): a supervisor killed while the Dagster daemon it started was still importing left a
+    KeyboardInterrupt traceback in daemon.log (the parent-death signal was SIGINT). It is SIGTERM now: a process
+    still starting ends quietly, and Dagster's commands treat it as Ctrl-C once they run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "resources" / "local.yaml").write_text("cluster: {gpus: none, cpu_slots: 1}\n")
+    (tmp_path / ".ones" / "state").mkdir(parents=True)  # as `ones init` leaves it
+    log = tmp_path / "daemon.log"
+    # The stand-in for the daemon: Python busy at start-up (it would be importing Dagster), then waiting.
+    child = "import time; print('starting', flush=True); time.sleep(120)"
+    supervisor = ("import sys, time\n"
+                  "from ones_pipeline.config import load_env\n"
+                  "from ones_pipeline.cli.supervise import start_process\n"
+                  f"proc = start_process([sys.executable, '-c', {child!r}], load_env({str(tmp_path)!r}), "
+                  f"__import__('pathlib').Path({str(log)!r}))\n"
+                  "print(proc.pid, flush=True)\n"
+                  "time.sleep(120)\n")
+    sup = subprocess.Popen([sys.executable, "-c", supervisor], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(sup.stdout.readline())
+        deadline = time.monotonic() + 60
+        while "starting" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "the supervised process never started"
+            time.sleep(0.1)
+        sup.send_signal(signal.SIGKILL)  # kill -9 of `ones run`
+        sup.wait(timeout=30)
+        while Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text():
+            assert time.monotonic() < deadline, "the supervised process outlived its supervisor"
+            time.sleep(0.1)
+    finally:
+        sup.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text

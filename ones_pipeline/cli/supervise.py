@@ -1,6 +1,6 @@
 """Process supervision for ``ones up`` / ``ones run``: start the Dagster daemon (or ``dagster dev``) in its
 own process group, remember its PID in the state directory, stop it and everything under it. On Linux it
-also gets SIGINT when the ``ones`` process that started it dies, however that died (kill -9 included)."""
+also gets SIGTERM when the ``ones`` process that started it dies, however that died (kill -9 included)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,12 @@ def _prctl():
 
 def _child_setup(parent: int, prctl) -> None:
     """In the child, before exec: default SIGINT/SIGTERM (a background start may have them ignored), and
-    SIGINT when ``parent`` (this ``ones`` process) dies. Dagster then stops as on Ctrl-C, its runs going
-    on until the next ``ones run`` adopts them, rather than scheduling on unsupervised, which refuses the
-    next ``ones run`` (and stopping it with the whole process group fails the runs it is executing).
+    SIGTERM when ``parent`` (this ``ones`` process) dies. Dagster's commands map SIGTERM to SIGINT once they
+    run (``setup_interrupt_handlers``), so Dagster then stops as on Ctrl-C; before that, still importing, the
+    process ends quietly (SIGINT there printed a KeyboardInterrupt traceback into daemon.log: chaos.py's
+    supervisor kills, issue 40). Its runs go on until the next ``ones run`` adopts them, rather than Dagster
+    scheduling on unsupervised, which refuses the next ``ones run`` (and stopping it with the whole process
+    group fails the runs it is executing).
 
     Nothing here loads a shared library: this runs between fork and exec, and when another thread of the
     parent was inside ``dlopen`` at the fork (an extension module imported by a Dagster or MLflow thread),
@@ -57,9 +60,9 @@ def _child_setup(parent: int, prctl) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if prctl is None:
         return
-    prctl(PR_SET_PDEATHSIG, int(signal.SIGINT))
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
     if os.getppid() != parent:  # the parent died before the prctl took effect
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 LDSO_RACE = b"Inconsistency detected by ld.so"
@@ -113,7 +116,7 @@ def _supervisor_gone(env: EnvConfig) -> bool:
 def refuse_if_running(env: EnvConfig, stopping_wait_s: float = 30.0) -> None:
     pid = running_dagster(env)
     if pid is not None and _supervisor_gone(env):
-        # Its `ones` died, so it got SIGINT (_child_setup) and is stopping: give it the time to.
+        # Its `ones` died, so it got SIGTERM (_child_setup) and is stopping: give it the time to.
         deadline = time.monotonic() + stopping_wait_s
         while (pid := running_dagster(env)) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
