@@ -116,7 +116,15 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
             if outage is None and len(snapshot) >= 2:  # two jobs running: take the controller away for 3 ticks
                 outage = [time.time()]  # from the stop request: ticks that start while it stops are in it
                 subprocess.run([str(ROOT / "scripts/slurm.sh"), "stop-controller"], check=True, timeout=30)
+                # Down until a tick has found it away (at least 10 s, at most 90): a loaded machine's ticks come
+                # further apart than the sensor's interval, and a fixed 10 s held none of them in one CI run.
+                down_until = time.monotonic() + 90
                 time.sleep(10)
+                location = graphql(port, LOCATION)["repositoriesOrError"]["nodes"][0]["location"]["name"]
+                while time.monotonic() < down_until and not any(
+                        t["timestamp"] >= outage[0] and "slot inventory unavailable" in (t["skipReason"] or "")
+                        for t in graphql(port, TICKS % location)["instigationStateOrError"]["ticks"]):
+                    time.sleep(2)
                 subprocess.run([str(ROOT / "scripts/slurm.sh"), "start"], check=True, timeout=60,
                                stdout=subprocess.DEVNULL)
                 outage.append(time.time())
