@@ -8,6 +8,7 @@ sample count."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -280,3 +281,34 @@ def test_which_changes_can_be_made_in_place():
     assert in_place_reason("cpu", [3, 4], [0]) is None  # CPU slots are interchangeable
     assert in_place_reason("gpu", [2, 3], [2, 5]) is None  # rank 0 keeps its GPU
     assert "rank 0's GPU 2" in in_place_reason("gpu", [2, 3], [3])
+
+
+def test_a_newcomer_whose_launcher_dies_as_it_joins_exits_at_once(tmp_path):
+    """benchmarks/chaos.py: a launcher killed while its newcomer joined a grow (the plan written, the old member
+    not coming) left the newcomer waiting in the group's rendezvous for a minute beside the job's next generation.
+    A rank inside a membership change now exits as soon as its launcher is gone."""
+    job = Job(tmp_path)
+    job.start(1)
+    [old] = job.ranks()
+    request_resize(job.state, job.gen, [0, 1])
+    deadline = time.monotonic() + 60
+    while not (newcomers := [p for p in job.ranks() if p.pid != old.pid]):
+        assert time.monotonic() < deadline, "no newcomer within 60 s"
+        time.sleep(0.01)
+    [new] = newcomers
+    os.kill(old.pid, signal.SIGSTOP)  # the old member never comes to the rendezvous
+    while not list(job.state.glob(".resize-*/plan-*.json")):  # the newcomer ready: the launcher wrote the plan
+        assert time.monotonic() < deadline, "no plan for the grow within 60 s"
+        time.sleep(0.01)
+    time.sleep(1.0)  # the newcomer reads the plan and waits in the rendezvous for the old member
+    os.kill(job.proc.pid, signal.SIGKILL)  # the launcher
+    job.proc.wait(timeout=30)
+    try:
+        gone_by = time.monotonic() + 15
+        while new.is_running() and new.status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < gone_by, "the newcomer outlived its launcher by 15 s"
+            time.sleep(0.1)
+    finally:
+        for p in (old, new):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()

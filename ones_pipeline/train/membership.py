@@ -25,10 +25,13 @@ changes; each rank's share of a step follows from its new rank and the new world
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
+import os
+import threading
 import time
 from dataclasses import asdict
 from typing import Any
@@ -49,6 +52,35 @@ PLAN_POLL_S = 0.02
 # Seconds a rank waits in a collective (and in a group's rendezvous) for its peers before failing (a peer was
 # killed). A membership change is bounded by its launcher's ``resize_timeout_s`` instead: it kills the ranks.
 COLLECTIVE_TIMEOUT_S = 120
+ORPHAN_POLL_S = 0.5
+
+
+@contextlib.contextmanager
+def _exit_if_orphaned(s: TrainingSession):
+    """While a rank is inside a membership change (a rendezvous, a barrier, the state broadcast) it cannot stop at
+    a step boundary: if its launcher dies meanwhile, it exits at once, saying so, instead of waiting up to
+    ``COLLECTIVE_TIMEOUT_S`` beside the job's next generation (benchmarks/chaos.py: a newcomer whose launcher was
+    killed as it joined a grow waited about 60 s in the rendezvous). Nothing is lost beyond the checkpoint rank 0
+    wrote as the change began."""
+    launcher = s._launcher_pid
+    if launcher is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(ORPHAN_POLL_S):
+            if os.getppid() != launcher:
+                log.error("job %s rank %d: its launcher is gone during an in-place change: exiting",
+                          s.p.spec.name, s.p.rank)
+                logging.shutdown()
+                os._exit(1)
+
+    threading.Thread(target=watch, name="ones-orphan-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def init_group(p: Placement, store_rank: int = 0) -> None:
@@ -113,19 +145,20 @@ def change(s: TrainingSession, k: int) -> None:
     if s.is_main:
         s.save()  # the fallback's starting point, should the change fail
         (s.p.resize_dir / f"began-{k}").touch()
-    dist.barrier()
-    dist.destroy_process_group()
-    if new_rank is None:
-        log.info("left the group at %d samples (resize %d -> %d in place)", s.progress.samples_done, old,
-                 plan["world_size"])
-        s.stopped = s.left = True
-        return
-    s.p = _placed(s.p, plan, int(new_rank))
-    init_group(s.p, _store_rank(plan))
-    s._use_batch(s.p.global_batch, s.p.lr)
-    s._set_lr()
-    _exchange(s, plan)
-    _rewrap(s)
+    with _exit_if_orphaned(s):
+        dist.barrier()
+        dist.destroy_process_group()
+        if new_rank is None:
+            log.info("left the group at %d samples (resize %d -> %d in place)", s.progress.samples_done, old,
+                     plan["world_size"])
+            s.stopped = s.left = True
+            return
+        s.p = _placed(s.p, plan, int(new_rank))
+        init_group(s.p, _store_rank(plan))
+        s._use_batch(s.p.global_batch, s.p.lr)
+        s._set_lr()
+        _exchange(s, plan)
+        _rewrap(s)
     paused = time.perf_counter() - t0
     if s.is_main:
         kind = "grew" if s.p.world_size > old else "shrank" if s.p.world_size < old else "re-formed"
@@ -152,8 +185,9 @@ def join(s: TrainingSession) -> bool:
         time.sleep(PLAN_POLL_S)
     plan = _plan(p, p.membership)
     s.p = _placed(p, plan, p.rank)
-    init_group(s.p, _store_rank(plan))
-    _exchange(s, plan)
+    with _exit_if_orphaned(s):
+        init_group(s.p, _store_rank(plan))
+        _exchange(s, plan)
     return True
 
 
