@@ -39,6 +39,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from ones_pipeline.core.limits import shown
+from ones_pipeline.core.policies import POLICIES
+
 KINDS = ("start", "grow", "shrink", "restart")
 IN_PLACE_POLICIES = ("ones", "ones-paper")
 
@@ -111,6 +114,9 @@ def parse_change_costs(text: str) -> ChangeCosts:
         key = key.strip()
         if key == "in_place":
             changes[key] = tuple(p for p in value.strip().split("+") if p)
+            if bad := [p for p in changes[key] if p not in POLICIES]:
+                raise ValueError(f"change costs: in_place names unknown policy {shown(bad[0])}; allowed: "
+                                 f"{', '.join(sorted(POLICIES))}")
         elif key in KINDS:
             if value.strip() == "own":
                 changes[key] = None
