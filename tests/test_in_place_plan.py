@@ -83,7 +83,7 @@ def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
     partition's slot_hours, the cluster report) is 2 x 50 + 1 x 30 + 2 x 20 slot-seconds, not 2 x 100, and
     its stretches are the same whether or not its step recorded its first slots."""
     from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
-    from ones_pipeline.defs.slot_owner import held_periods
+    from ones_pipeline.scheduler.runs import held_periods
 
     run = RunInfo.from_tags("r", "SUCCESS", tags("long", 0, [0, 1]), created_s=99.0, start_s=100.0, end_s=200.0)
     changes = [{"time_s": 150.0, "run_id": "r", "claimed": [], "freed": [1]},
@@ -96,3 +96,37 @@ def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
     spans = [RunSpan("long", 0, slots, s, e, "SUCCESS") for s, e, slots in expected]
     m = job_metrics(FinishedJob("long", 90.0, 200.0, 0.9, 1.0, 0), spans)
     assert m["gpu_s"] == 2 * 50 + 30 + 2 * 20 and m["run_s"] == 100.0 and m["generations"] == 1
+
+
+def test_the_ticks_attained_service_follows_the_slot_ledger():
+    """Tiresias's attained service (``JobView.attained_gpu_s``) of a run that shrank 2 -> 1 in place at 150 s,
+    seen at 200 s: 2 x 50 + 1 x 50 slot-seconds from its ledger, not its final slot count x its whole life
+    (1 x 100); without a ledger, the run's tags alone (1 x 100)."""
+    from ones_pipeline.core import policies
+    from ones_pipeline.core.types import Schedule
+
+    seen = {}
+
+    class Recorder:
+        name = "recorder"
+
+        def decide(self, now, cluster, jobs, current):
+            seen.update({v.name: v.attained_gpu_s for v in jobs})
+            return Schedule(dict(current.allocations))
+
+        def to_dict(self):
+            return {"name": "recorder", "seed": 0, "params": {}, "state": {}}
+
+    shrunk = {**tags("long", 0, [0, 1]), TAG_SLOTS: "0", TAG_RESIZED_AT: "150.0", "ones/cpu-1": SLOT_FREE}
+    run = RunInfo.from_tags("r", "STARTED", shrunk, created_s=99.0, start_s=100.0)
+    ledger = [{"time_s": 100.5, "run_id": "r", "generation": 0, "claimed": [0, 1], "freed": [], "first": True},
+              {"time_s": 150.0, "run_id": "r", "generation": 0, "claimed": [], "freed": [1]}]
+    policies.register("recorder-test")(lambda seed=0, **kw: Recorder())
+    try:
+        for ledgers, expected in (({"long": ledger}, 150.0), ({}, 100.0)):
+            inputs = TickInputs(now=200.0, specs={"long": spec("long", 2000)}, finished=frozenset(), runs=[run],
+                                progress={}, slot_ids=(0, 1), cluster=Cluster((2,)), ledgers=ledgers)
+            plan_tick(inputs, SchedulerSettings(policy="recorder-test"))
+            assert seen["long"] == pytest.approx(expected)
+    finally:
+        policies.POLICIES.pop("recorder-test")

@@ -35,7 +35,7 @@ _num = reporting.format_number
 @dataclass(frozen=True)
 class RunSpan:
     """One Dagster run of a training job (one generation) holding ``slot_ids`` from ``start_s`` to ``end_s``; a run
-    changed in place is one span per slot set it held (``defs.slot_owner.held_periods``)."""
+    changed in place is one span per slot set it held (``scheduler.runs.held_periods``)."""
 
     job: str
     generation: int

@@ -26,9 +26,9 @@ from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.defs.run_guard import end_untrained, why_not_train
-from ones_pipeline.defs.slot_owner import held_periods, read_ledger
+from ones_pipeline.defs.slot_owner import read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
+from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON, held_periods
 
 JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
 TRAIN_JOB_NAME = "train_job"

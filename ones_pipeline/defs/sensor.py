@@ -38,6 +38,7 @@ from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JO
 from ones_pipeline.defs.declared import with_declared
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_jobs, job_run_infos
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
+from ones_pipeline.defs.slot_owner import job_ledgers
 from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, TickPlan, plan_tick, progress_wanted
 
 SENSOR_NAME = "ones_scheduler_sensor"
@@ -186,7 +187,8 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
                         progress=_progress(context, mlflow, progress_wanted(specs, finished, cursor)),
                         slot_ids=slots.slot_ids,
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind,
-                        policy_state=_saved_policy_state(context, env, cursor))
+                        policy_state=_saved_policy_state(context, env, cursor),
+                        ledgers=job_ledgers(runs, env.job_state_dir, finished))
     plan = plan_tick(inputs, SchedulerSettings.from_env(env))
     # a spec the tick quarantined is listed with the bad files (spec_errors.json, `ones status`)
     errors = errors + [ConfigError(_spec_file(env, job), None, why) for job, why in sorted(plan.quarantined.items())]

@@ -13,13 +13,16 @@ existing key), and ``dagster.yaml`` limits each ``(ones/<device>-<id>, held)`` p
   it ``free``. A run queued for that slot meanwhile waits in Dagster's queue.
 
 Every claim and free is also appended to the job's ``slots.jsonl`` (time, run, slots), with the run's first
-slots written by its step as it starts: the history the no-double-booking check reads (tags say only "now").
+slots written by its step as it starts: the history the no-double-booking check reads (tags say only "now"),
+and what slot-time is counted from (``scheduler.runs.held_periods``: the partition's slot-hours, the report's
+allocation plot, and the tick's attained service, ``JobView.attained_gpu_s``, through ``job_ledgers``).
 
 No ``from __future__ import annotations`` (loaded with the Dagster definitions).
 """
 
 import json
 import time
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 import dagster as dg
@@ -111,29 +114,9 @@ def read_ledger(job_dir: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r.get("time_s", 0.0))
 
 
-def held_periods(run: RunInfo, ledger: list[dict], now: float) -> list[tuple[float, float, tuple[int, ...]]]:
-    """(start, end, slots) of each stretch of ``run`` with one slot set: from its start to its end (or ``now``),
-    split at every in-place claim and free of its ledger rows. Slot-time and the allocation plot read these:
-    a run changed in place does not hold its last slot set for its whole life."""
-    if run.start_s is None:
-        return []
-    end = run.end_s if run.end_s is not None else now
-    mine = [r for r in ledger if r.get("run_id") == run.run_id]
-    changes = [r for r in mine if not r.get("first")]
-    first = next((r for r in mine if r.get("first")), None)
-    if first is not None:
-        held = set(first["claimed"])
-    else:  # its step did not record its start: its slots now, with every change since undone, newest first
-        held = set(run.held_ids)
-        for r in reversed(changes):
-            held = (held - set(r["claimed"])) | set(r["freed"])
-    out, t = [], run.start_s
-    for r in changes:
-        at = min(max(float(r["time_s"]), run.start_s), end)
-        if at > t and held:
-            out.append((t, at, tuple(sorted(held))))
-        t = max(t, at)
-        held = (held | set(r["claimed"])) - set(r["freed"])
-    if end > t and held:
-        out.append((t, end, tuple(sorted(held))))
-    return out
+def job_ledgers(runs: Iterable[RunInfo], job_dir: Callable[[str], Path],
+                skip: Collection[str] = ()) -> dict[str, list[dict]]:
+    """The ledger rows of every job with a run that started (but the jobs in ``skip``, e.g. finished), for the
+    tick (``TickInputs.ledgers``)."""
+    return {job: read_ledger(job_dir(job)) for job in sorted({r.job for r in runs if r.start_s is not None})
+            if job not in skip}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +106,41 @@ class RunInfo:
         if self.start_s is None:
             return 0.0
         return max((self.end_s if self.end_s is not None else now) - self.start_s, 0.0)
+
+
+def held_periods(run: RunInfo, ledger: Sequence[Mapping[str, Any]],
+                 now: float) -> list[tuple[float, float, tuple[int, ...]]]:
+    """(start, end, slots) of each stretch of ``run`` with one slot set: from its start to its end (or ``now``),
+    split at every in-place claim and free of its job's slot ledger rows (``defs.slot_owner``: ``time_s``,
+    ``run_id``, ``claimed``, ``freed``, ``first``). Slot-time, the tick's attained service and the allocation
+    plot read these: a run changed in place does not hold its last slot set for its whole life."""
+    if run.start_s is None:
+        return []
+    end = run.end_s if run.end_s is not None else now
+    mine = [r for r in ledger if r.get("run_id") == run.run_id]
+    changes = [r for r in mine if not r.get("first")]
+    first = next((r for r in mine if r.get("first")), None)
+    if first is not None:
+        held = set(first["claimed"])
+    else:  # its step did not record its start: its slots now, with every change since undone, newest first
+        held = set(run.held_ids)
+        for r in reversed(changes):
+            held = (held - set(r["claimed"])) | set(r["freed"])
+    out, t = [], run.start_s
+    for r in changes:
+        at = min(max(float(r["time_s"]), run.start_s), end)
+        if at > t and held:
+            out.append((t, at, tuple(sorted(held))))
+        t = max(t, at)
+        held = (held | set(r["claimed"])) - set(r["freed"])
+    if end > t and held:
+        out.append((t, end, tuple(sorted(held))))
+    return out
+
+
+def slot_seconds(run: RunInfo, ledger: Sequence[Mapping[str, Any]], now: float) -> float:
+    """Slot-seconds ``run`` held so far: each stretch of ``held_periods`` times its slot count."""
+    return sum((end - start) * len(slots) for start, end, slots in held_periods(run, ledger, now))
 
 
 @dataclass(frozen=True)

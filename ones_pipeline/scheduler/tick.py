@@ -54,6 +54,7 @@ from ones_pipeline.scheduler.runs import (
     Resize,
     RunInfo,
     TickPlan,
+    slot_seconds,
     spec_hash,
 )
 from ones_pipeline.scheduler.settings import SchedulerSettings
@@ -80,6 +81,7 @@ class TickInputs:
     # the file the cursor's ``policy_ref`` names (``config.layout.StateLayout.policy_state``); None: none.
     policy_state: Mapping[str, Any] | None = None
     device: str = "cpu"  # what the slots are: "gpu" or "cpu"
+    ledgers: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)  # job -> slot ledger rows
 
     def __post_init__(self) -> None:
         if len(self.slot_ids) != self.cluster.num_gpus:
@@ -300,7 +302,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         accuracy_history=pr.accuracy_history, initial_loss=pr.loss_history[0][1] if pr.loss_history else None,
         grad_noise_scale=pr.grad_noise_scale,
         restarts=max(pr.restarts, len(ran) - 1, 0),
-        attained_gpu_s=sum(r.held_s(now) * len(r.slot_ids) for r in ran),
+        attained_gpu_s=sum(slot_seconds(r, inputs.ledgers.get(job, ()), now) for r in ran),  # in-place changes too
         run_time_s=sum(r.held_s(now) for r in ran),
         last_change_s=max(cur.start_s or cur.created_s, cur.resized_s or 0.0) if cur else None,
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
