@@ -4,6 +4,7 @@ read by Dagster's own tag-limit counter, as the queued-run coordinator reads the
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.events import DagsterEvent, DagsterEventType
 from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
@@ -67,3 +68,37 @@ def test_a_shrink_frees_its_slot_for_a_queued_run_and_a_grow_claims_only_a_free_
     assert info(b).slot_ids == (2, 1) and info(b).held_ids == (1, 2)
     assert [(r["claimed"], r["freed"]) for r in read_ledger(tmp_path / "a")] == [([], [1])]
     assert [(r["claimed"], r["freed"]) for r in read_ledger(tmp_path / "b")] == [([1], [])]
+
+
+def test_a_grow_never_shares_a_slot_with_a_run_the_coordinator_starts_while_it_claims(instance, tmp_path, monkeypatch):
+    """The grow's claim against Dagster's queued-run coordinator, at the worst moment: a run for slot 1 is queued
+    (a later tick planned it) and the coordinator's pass starts it (no in-progress run holds slot 1 yet) just
+    before the grow writes its tags. The claim holds first and looks after, so it sees that run, gives the slot
+    back and is not made: never two in-progress runs holding slot 1, and no claim in the ledger."""
+    limits = yaml.safe_load(instance_yaml([0, 1, 2], 4, "cpu"))["concurrency"]["runs"]["tag_concurrency_limits"]
+    b = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=slot_tags("b", [2]))
+    write_tags = instance.add_run_tags
+    raced = []
+
+    def coordinator_pass_then_write(run_id, tags):
+        if not raced:  # once: queue the later tick's run, and start it if the coordinator would
+            queued = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.QUEUED,
+                                         tags=slot_tags("c", [1]), remote_job_origin=ORIGIN)
+            in_progress = [r for r in instance.get_runs() if r.status == DagsterRunStatus.STARTED]
+            if not TagConcurrencyLimitsCounter(limits, in_progress).is_blocked(queued):
+                instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, "train_job"),
+                                              queued.run_id)
+            raced.append(queued)
+        write_tags(run_id, tags)
+
+    monkeypatch.setattr(instance, "add_run_tags", coordinator_pass_then_write)
+    grow_b = {"run_id": b.run_id, "job": "b", "generation": 0, "before": [2], "after": [2, 1], "global_batch": 64,
+              "lr": 0.1, "device": "cpu", "reason": "grow 1 -> 2 in place"}
+    made = claim(instance, grow_b, tmp_path / "b", wait_s=0.3, log=lambda msg: None)
+    (c,) = raced
+    assert instance.get_run_by_id(c.run_id).status == DagsterRunStatus.STARTED  # the coordinator started it
+    holding = [r.run_id for r in instance.get_runs() if r.status == DagsterRunStatus.STARTED
+               and r.tags.get("ones/cpu-1") == "held"]
+    assert holding == [c.run_id] and not made
+    b_now = instance.get_run_by_id(b.run_id)
+    assert RunInfo.from_tags(b.run_id, "STARTED", b_now.tags).slot_ids == (2,) and read_ledger(tmp_path / "b") == []

@@ -6,8 +6,10 @@ existing key), and ``dagster.yaml`` limits each ``(ones/<device>-<id>, held)`` p
 
 * a run is created holding its first generation's slots (``Launch.tags``: ``ones/cpu-0: held``); the queued-run
   coordinator starts it only once no in-flight run holds any of them;
-* an in-place grow: the apply run waits until no other in-flight run holds the new slots, sets them ``held`` on
-  the run (with ``ones/slots``, the batch and ``ones/resized-at``), and only then writes the resize request;
+* an in-place grow: the apply run sets the new slots ``held`` on the run, then checks that no other in-flight run
+  holds (or is queued for) them, else sets them ``free`` again and waits (``claim``: atomic against the
+  queued-run coordinator); then it sets ``ones/slots``, the batch and ``ones/resized-at``, and only then writes
+  the resize request;
 * an in-place shrink: the apply run sets ``ones/slots`` and writes the request; the slot stays ``held`` until
   the step sees the change done (rank 0's ``resized`` event, or the launcher's ``resize_fallback``) and sets
   it ``free``. A run queued for that slot meanwhile waits in Dagster's queue.
@@ -67,20 +69,39 @@ def holders(instance: dg.DagsterInstance, slots, device: str, but: str) -> dict[
 def claim(instance: dg.DagsterInstance, resize: dict, job_dir: Path, wait_s: float, log) -> bool:
     """Give the run of ``resize`` (``scheduler.runs.Resize.to_dict``) its new allocation on its tags, claiming the
     slots it adds once no other in-flight run holds them (waited for up to ``wait_s``: a shrink in the same
-    tick frees them when its change is done). False: they stayed held, nothing changed."""
+    tick frees them when its change is done). False: they stayed held, nothing changed.
+
+    Hold first, then look: the new slots are set ``held`` on the run, then the other in-flight runs are read;
+    if one holds (or is queued for) any of them, they are set ``free`` again and the claim waits. Dagster's
+    queued-run coordinator reads the same tags before it starts a queued run, so a run queued for one of these
+    slots is either seen here (and the claim gives way) or sees this run holding it (and waits in the queue):
+    never both. Looking first and then setting the tags would leave a gap in which a run queued by a later tick
+    could be started on the slot the grow then takes."""
+    device, run_id = resize["device"], resize["run_id"]
     added = [s for s in resize["after"] if s not in resize["before"]]
+    run = instance.get_run_by_id(run_id)
+    owned = run.tags if run is not None else {}
+    # (a slot still held by this run, a shrink of it not done yet, is its own: never set free here)
+    tentative = {slot_tag(s, device): SLOT_HELD for s in added if owned.get(slot_tag(s, device)) != SLOT_HELD}
     deadline = time.monotonic() + wait_s
-    while added and (busy := holders(instance, added, resize["device"], resize["run_id"])):
+    while added:
+        if tentative:
+            instance.add_run_tags(run_id, tentative)
+        busy = holders(instance, added, device, run_id)
+        if not busy:
+            break
+        if tentative:
+            instance.add_run_tags(run_id, dict.fromkeys(tentative, SLOT_FREE))
         if time.monotonic() > deadline:
             log(f"{resize['job']}: slot(s) {sorted(busy)} still held by {sorted(set(busy.values()))} after "
                 f"{wait_s:.0f} s: in-place {resize['reason']} not made (the next tick decides again)")
             return False
         time.sleep(0.5)
     tags = {TAG_SLOTS: ",".join(map(str, resize["after"])), TAG_BATCH: str(resize["global_batch"]),
-            TAG_RESIZED_AT: f"{time.time():.2f}", **{slot_tag(s, resize["device"]): SLOT_HELD for s in added}}
-    instance.add_run_tags(resize["run_id"], tags)
+            TAG_RESIZED_AT: f"{time.time():.2f}", **{slot_tag(s, device): SLOT_HELD for s in added}}
+    instance.add_run_tags(run_id, tags)
     if added:
-        record(job_dir, resize["run_id"], resize["generation"], claimed=added)
+        record(job_dir, run_id, resize["generation"], claimed=added)
     return True
 
 
