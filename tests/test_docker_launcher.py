@@ -4,9 +4,10 @@ Most tests fake the engine at the docker SDK boundary (``docker.client.from_env`
 ``PipesDockerClient`` calls, and ``docker.from_env``): ``containers.create`` turns its kwargs into the
 request body the real SDK would send, and a container's ``start()`` runs the command as a real local
 process with the environment Pipes built, so the training step, its Pipes messages (read from the log
-stream, as ``PipesDockerLogsMessageReader`` does) and its materialization are all real. The test marked
-``docker`` runs one job in a real container (``scripts/dockerd.sh`` and ``scripts/docker_shim_image.sh``
-provide the engine and image) and skips when there is none.
+stream, as ``PipesDockerLogsMessageReader`` does) and its materialization are all real. The tests marked
+``docker`` run one job in a real container, and ``training_job`` on 2 CPU slots shrunk and grown in place in
+one (``scripts/dockerd.sh`` and ``scripts/docker_shim_image.sh`` provide the engine and image); they skip
+when there is none.
 """
 
 import builtins
@@ -43,10 +44,19 @@ from ones_pipeline.adapters.docker_containers import (  # noqa: E402
     container_kwargs,
     docker_available,
 )
-from ones_pipeline.config import DockerConfig  # noqa: E402
+from ones_pipeline.cli.status import slots_text  # noqa: E402
+from ones_pipeline.config import DockerConfig, load_env, load_job_spec  # noqa: E402
+from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file  # noqa: E402
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule  # noqa: E402
+from ones_pipeline.definitions import build_definitions  # noqa: E402
+from ones_pipeline.defs.assets import training_job  # noqa: E402
 from ones_pipeline.defs.docker_step import run_docker_step  # noqa: E402
-from ones_pipeline.scheduler import RunAllocation  # noqa: E402
+from ones_pipeline.defs.instance import job_run_infos  # noqa: E402
+from ones_pipeline.defs.slot_owner import claim, read_ledger  # noqa: E402
+from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo  # noqa: E402
+from ones_pipeline.scheduler.runs import Resize, held_periods  # noqa: E402
+from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
+from ones_pipeline.train.resize_control import request_resize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "ones-shim:local"
@@ -462,11 +472,15 @@ def _engine_with_image():
     return client
 
 
-@pytest.mark.docker
-def test_trains_in_real_container(workdir):
+def _real_engine():
     client = _engine_with_image()
     if client is None:
         pytest.skip(f"no Docker engine with image {IMAGE} (scripts/dockerd.sh start; scripts/docker_shim_image.sh)")
+    return client
+
+
+def _shim_config(workdir: Path) -> DockerConfig:
+    """The host-shim image with this machine's /usr, /etc, Python and project mounted read-only."""
     prefix = Path(sys.base_prefix).resolve()
     volumes = [("/usr", "/usr", "ro"), ("/etc", "/etc", "ro"), (str(ROOT), str(ROOT), "ro")]
     if not prefix.is_relative_to("/usr"):
@@ -474,9 +488,15 @@ def test_trains_in_real_container(workdir):
     venv = Path(sys.prefix)
     if not venv.is_relative_to(ROOT) and not venv.is_relative_to(prefix):
         volumes.append((str(venv), str(venv), "ro"))
+    return DockerConfig(image=IMAGE, python=sys.executable, volumes=tuple(volumes),
+                        environment={"HOME": str(workdir), "MLFLOW_DISABLE_TELEMETRY": "true"})
+
+
+@pytest.mark.docker
+def test_trains_in_real_container(workdir):
+    client = _real_engine()
     job = "mlp-real-docker"
-    cfg = DockerConfig(image=IMAGE, python=sys.executable, volumes=tuple(volumes),
-                       environment={"HOME": str(workdir), "MLFLOW_DISABLE_TELEMETRY": "true"})
+    cfg = _shim_config(workdir)
     try:
         result, materialization = materialize_job(cfg, job, tiny_extras(workdir, job), workdir)
         assert result.success
@@ -487,4 +507,116 @@ def test_trains_in_real_container(workdir):
         assert left == []
     finally:
         cleanup_containers(client, job)
+        client.close()
+
+
+def _events(state: Path, name: str) -> list[dict]:
+    path = state / PROGRESS_FILE
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return [r for r in rows if r.get("event") == name]
+
+
+def _wait(what: str, ready, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (value := ready()):
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+
+
+@pytest.mark.docker
+def test_a_cpu_job_in_a_real_container_shrinks_and_grows_in_place(tmp_path):
+    """``training_job`` through the docker launcher on 2 CPU slots in a real container, changed as the apply run
+    changes it (``slot_owner.claim``, then ``request_resize``): shrink 2 -> 1 and grow 1 -> 2 in place (the
+    newcomer starts in the same container, beside the launcher), then the scheduler's stop. After each change
+    the run's tags, what ``ones status`` shows and the slot ledger agree; one container throughout; the
+    checkpoint's sample count is exact."""
+    client = _real_engine()
+    job = "mlp-docker-resize"
+    (tmp_path / "resources").mkdir()
+    (tmp_path / "assets" / "jobs").mkdir(parents=True)
+    cfg = _shim_config(tmp_path)
+    (tmp_path / "resources" / "local.yaml").write_text(json.dumps({
+        "cluster": {"gpus": "none", "cpu_slots": 2}, "scheduler": {"min_run_s": 0},
+        "launcher": {"kind": "docker", "grace_period_s": 20, "docker": {
+            "image": IMAGE, "python": cfg.python, "volumes": [":".join(v) for v in cfg.volumes],
+            "environment": dict(cfg.environment)}}}))
+    (tmp_path / "assets" / "jobs" / f"{job}.yaml").write_text(
+        "model: mlp-digits\nper_gpu_batch: 16\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\nstopping: {epochs: 100000}\n")
+    defs = build_definitions(str(tmp_path))
+    env = load_env(tmp_path)
+    state = env.job_state_dir(job)
+    allocation = RunAllocation.make(load_job_spec(tmp_path / "assets" / "jobs" / f"{job}.yaml"), (0, 1), "cpu", 32, 0)
+    labels = {"label": [f"{LABEL_MANAGED}=true", f"{LABEL_JOB}={job}"]}
+    seen: dict = {"ranks": [], "status": [], "ledger": []}
+
+    def ranks(container) -> int:  # training processes in the container (the launcher's children)
+        return sum("ones_pipeline.train.builtin" in p[-1] for p in container.top()["Processes"])
+
+    def change(instance, run_id: str, before: list, after: list) -> None:
+        """What the apply run does for an in-place change; then wait until the step has seen it done."""
+        batch = 16 * len(after)
+        resize = Resize(run_id, job, 0, tuple(before), tuple(after), batch, 0.05 * len(after), "cpu", "test")
+        assert claim(instance, resize.to_dict(), state, wait_s=30, log=pytest.fail)
+        request_resize(state, 0, after, global_batch=batch, reason="test")
+        _wait(f"resized to {len(after)}", lambda: [r for r in _events(state, "resized") if r["to"] == len(after)])
+        _wait("the step frees what the run gave up", lambda: RunInfo.from_tags(
+            run_id, "STARTED", instance.get_run_by_id(run_id).tags).held_ids == tuple(sorted(after)))
+
+    def drive(instance) -> None:
+        try:
+            (container,) = _wait("the container", lambda: client.containers.list(filters=labels))
+            _wait("training at 2 slots", lambda: _events(state, "training"))
+            (run,) = instance.get_runs(dg.RunsFilter(tags={"ones/job": job}))
+            seen["ranks"].append(ranks(container))
+            for before, after in (([0, 1], [0]), ([0], [0, 1])):
+                change(instance, run.run_id, before, after)
+                _wait(f"{len(after)} rank process(es)", lambda after=after: ranks(container) == len(after))
+                seen["ranks"].append(ranks(container))
+                info = RunInfo.from_tags(run.run_id, "STARTED", instance.get_run_by_id(run.run_id).tags)
+                seen["status"].append((info.slot_ids, info.held_ids, slots_text("cpu", info)))
+                seen["ledger"].append([(r["claimed"], r["freed"]) for r in read_ledger(state)])
+            container.reload()
+            seen["host_config"] = container.attrs["HostConfig"]
+            seen["containers"] = {c.id for c in client.containers.list(all=True, filters=labels)} | {container.id}
+        except Exception as exc:  # noqa: BLE001 (raised by the test)
+            seen["error"] = exc
+        finally:
+            preempt_request_file(state, 0).write_text(json.dumps({"reason": "test over"}))
+
+    try:
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions("training_jobs", [job])
+            driver = threading.Thread(target=drive, args=(instance,), daemon=True)
+            driver.start()
+            result = dg.materialize(
+                [training_job], partition_key=job, instance=instance,
+                run_config={"ops": {"training_job": {"config": {"allocation": allocation.to_json()}}}},
+                tags=Launch(allocation, "test").tags(),
+                resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
+            driver.join(timeout=30)
+            (run,) = job_run_infos(instance, job)
+            periods = held_periods(run, read_ledger(state), time.time())
+        if "error" in seen:
+            raise seen["error"]
+        assert result.success
+        assert seen["ranks"] == [2, 1, 2]  # the grow's newcomer started inside the same container
+        assert len(seen["containers"]) == 1  # one container throughout: nothing went through a checkpoint
+        # the tags (allocation, held slots), `ones status` and the ledger agree after each change
+        assert seen["status"] == [((0,), (0,), "cpu 0"), ((0, 1), (0, 1), "cpu 0,1")]
+        assert seen["ledger"] == [[([0, 1], []), ([], [1])], [([0, 1], []), ([], [1]), ([1], [])]]
+        assert [slots for _, _, slots in periods] == [(0, 1), (0,), (0, 1)]
+        # CPU slots are training processes, not cores: the container is neither pinned nor limited at any size
+        assert seen["host_config"]["CpusetCpus"] == "" and seen["host_config"]["NanoCpus"] == 0
+        assert [(r["from"], r["to"]) for r in _events(state, "resized")] == [(2, 1), (1, 2)]
+        assert not _events(state, "resize_fallback")
+        progress = load_checkpoint(state)["progress"]
+        assert progress["samples_done"] == progress["epoch"] * 1437 + progress["position"] > 0
+        assert client.containers.list(all=True, filters=labels) == []
+    finally:
+        state.mkdir(parents=True, exist_ok=True)
+        preempt_request_file(state, 0).write_text(json.dumps({"reason": "test over"}))
+        for c in client.containers.list(all=True, filters=labels):
+            c.remove(force=True)
         client.close()

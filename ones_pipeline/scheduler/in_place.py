@@ -7,8 +7,11 @@ run started from that checkpoint (15-35 s of start-up on 2 CPU slots, docs/live.
 
 * ``subprocess``: grow and shrink (and move) in place. On GPUs, a change that drops rank 0's GPU is not
   (the rank that holds the MLflow run and the checkpoint is bound to it).
-* ``docker``: on CPU slots as ``subprocess`` (the same launcher runs in the container, the job's directory is
-  mounted at the same path, and CPU slots are processes, not devices the container was given). On GPUs
+* ``docker``: on CPU slots as ``subprocess`` (the same launcher runs in the container and starts a grow's new
+  ranks there, the job's directory, with the resize request and the progress file, is mounted at the same path,
+  and CPU slots are processes, not devices or cores the container was given: it is created without a CPU set
+  or limit, so nothing of the container changes with the slot set). Run under a real engine by
+  ``tests/test_docker_launcher.py`` (shrink and grow; tags, ``ones status`` and the slot ledger agree). On GPUs
   neither: the container was created with exactly its GPUs, renumbered from 0 inside it, so it cannot add
   one, and a rank's GPU follows its rank there, so the launcher does not re-rank in place either.
 * ``slurm``: neither: the generation is one Slurm job whose nodes and tasks are fixed when it starts, and each
