@@ -572,6 +572,7 @@ def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
     with observer:
         path.write_text(path.read_text() + "".join(json.dumps(r) + "\n" for r in rows) + '{"event": "ep')
     shown = [e.metadata for e in context.events]
-    assert [m["progress"].value for m in shown] == ["epoch 3/40", "epoch 7/40", "epoch 11/40"]
+    assert [m["epoch"].value for m in shown] == ["3.00/40", "7.00/40", "11.00/40"]
+    assert shown[0]["progress"].value == "4,311/57,480 samples (7.5 %)"
     assert shown[0]["slots"].value == "2 CPU slots" and shown[0]["mlflow_run"].value == "link:abc"
     assert all(e.partition == spec.name for e in context.events)

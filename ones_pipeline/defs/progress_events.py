@@ -1,12 +1,15 @@
 """Progress of a running generation on its partition: observations of ``training_job`` while it trains.
 
-The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``), and the step
-relays them as run-log lines; the run log is one click away from the partition, which itself shows only
-"run has started" until the job finishes. So while the launcher runs the step, a thread of the asset
-body reads the new lines of that file (from where the file ended when the generation started) and
-records an epoch of this generation as an ``AssetObservation`` of the job's partition (the first, then
-at most one per ``OBSERVE_EVERY_S``; the run log has every epoch): epoch of the total, samples,
-accuracy, losses, samples/s, global batch, slots, and the MLflow run. The file is on this machine for
+The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``): ``training`` at its
+first step, ``progress`` every ``records.PROGRESS_EVERY_S`` (5 s) while it trains, ``epoch`` at each evaluation;
+the step relays the epochs as run-log lines; the run log is one click away from the partition, which itself
+shows only "run has started" until the job finishes. So while the launcher runs the step, a thread of the
+asset body reads the new lines of that file (from where the file ended when the generation started) and
+records this generation's progress as an ``AssetObservation`` of the job's partition (at its first training
+step, then one per ``OBSERVE_EVERY_S``, never more often): samples done of the stopping rule's total and the
+percent, the ETA at this generation's rate, epoch, the last evaluation's accuracy and losses, samples/s,
+global batch, slots, and the MLflow run. A job that stops on samples (or whose epochs are long) shows its
+progress from its first step, not at its first epoch's end (20 minutes in, before). The file is on this machine for
 every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
 code serves all three.
 
@@ -25,7 +28,6 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.config.layout import ProgressTail
-from ones_pipeline.core.types import StopKind
 from ones_pipeline.defs.slot_owner import free_given_back, record
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_RESIZED_AT, TAG_SLOTS
@@ -49,6 +51,8 @@ class ProgressObserver:
         self.mlflow_run: str | None = None
         self.observed = 0
         self._last_observed_s: float | None = None
+        self._first: tuple[float, float] | None = None  # (time, samples) of this generation's first training row
+        self._epoch: dict | None = None  # its last epoch row: the accuracy and losses shown until the next
         self._tail = ProgressTail(self.path)  # from where the file ends now: this generation's lines
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
@@ -80,8 +84,12 @@ class ProgressObserver:
                     self.changed(row)
                 except Exception as exc:  # never fail the training step; the next event retries the free
                     self.context.log.warning(f"in-place change not recorded: {exc}")
-            elif row.get("event") == "epoch":
+            elif row.get("event") in ("training", "progress", "epoch"):
                 now = float(row.get("time_s") or 0.0)
+                if self._first is None and row.get("event") != "epoch":  # the rate since training began: the ETA
+                    self._first = (now, float(row.get("samples") or 0.0))
+                if row.get("event") == "epoch":
+                    self._epoch = row
                 if self._last_observed_s is not None and now - self._last_observed_s < OBSERVE_EVERY_S:
                     continue
                 self._last_observed_s = now
@@ -132,29 +140,41 @@ class ProgressObserver:
             client.set_tag(self.mlflow_run, "ones.last_change", f"generation {self.allocation.generation}: {text}")
 
     def metadata(self, row: dict) -> dict:
-        """What the partition shows for one epoch: rounded, units in the names, slots named as scheduled."""
+        """What the partition shows for one progress row (``training``/``progress``/``epoch``): samples done of
+        the stopping rule's total, percent, ETA, epoch, the last evaluation; rounded, units in the names."""
         spec = self.allocation.spec
-        epoch = float(row.get("epoch") or 0.0)
-        total = spec.stopping.epochs if spec.stopping.kind is StopKind.EPOCHS else None
-        epoch_text = f"{int(epoch)}" if epoch.is_integer() else f"{epoch:.2f}"
+        samples = int(row.get("samples") or 0)
+        epoch = float(row.get("epoch") or samples / max(spec.dataset_size, 1))
+        total = spec.stopping.total_samples(spec.dataset_size)  # None: it stops on accuracy
         n = int(row.get("processes") or self.allocation.world_size)
         word = "GPU" if self.allocation.device == "gpu" else "CPU slot"
+        last = self._epoch or {}
         out = {
-            "progress": f"epoch {epoch_text}/{float(total):g}" if total else f"epoch {epoch_text}",
-            "samples": int(row.get("samples") or 0),
-            "accuracy": _rounded(row.get("accuracy"), 4),
-            "test_loss": _rounded(row.get("loss"), 4),
-            "train_loss": _rounded(row.get("train_loss"), 4),
+            "progress": f"{samples:,}/{int(total):,} samples ({100.0 * min(samples / total, 1.0):.1f} %)" if total
+            else f"epoch {epoch:.2f} (until accuracy {spec.stopping.target_accuracy:g})",
+            "epoch": f"{epoch:.2f}/{total / spec.dataset_size:g}" if total else None,
+            "samples": samples, "samples_total": int(total) if total else None,
+            "progress_percent": dg.MetadataValue.float(round(100.0 * min(samples / total, 1.0), 1)) if total else None,
+            "eta_s": _eta_s(self._first, float(row.get("time_s") or 0.0), samples, total),
+            "accuracy": _rounded(last.get("accuracy"), 4), "test_loss": _rounded(last.get("loss"), 4),
+            "train_loss": _rounded(last.get("train_loss"), 4),
             "samples_per_s": _rounded(row.get("samples_per_s"), 1),
             "global_batch": row.get("global_batch"),
             "slots": f"{n} {word}{'' if n == 1 else 's'}",
             "generation": self.allocation.generation,
         }
-        if total:
-            out["progress_percent"] = dg.MetadataValue.float(round(100.0 * min(epoch / float(total), 1.0), 1))
         if self.mlflow_run and self.run_link is not None:
             out["mlflow_run"] = self.run_link(self.mlflow_run)
         return {k: v for k, v in out.items() if v is not None}
+
+
+def _eta_s(first: tuple[float, float] | None, now: float, samples: float, total: float | None):
+    """Seconds to the stopping rule's total at this generation's wall-clock rate since its first training step
+    (evaluations and checkpoints included, as ``ones status`` measures its ETA; a trainer's samples/s leaves
+    them out); None without a total or before a second row."""
+    if total is None or first is None or now - first[0] <= 0 or samples - first[1] <= 0:
+        return None
+    return dg.MetadataValue.float(round(max(total - samples, 0.0) / ((samples - first[1]) / (now - first[0])), 0))
 
 
 def _rounded(value, digits: int):
