@@ -28,7 +28,7 @@ from ones_pipeline.defs.resources import InventoryResource, MlflowResource, Ones
 from ones_pipeline.defs.run_guard import end_untrained, why_not_train
 from ones_pipeline.defs.slot_owner import held_periods, read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON
+from ones_pipeline.scheduler.runs import TAG_OUTCOME
 
 JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
 TRAIN_JOB_NAME = "train_job"
@@ -39,6 +39,8 @@ class TrainingRunConfig(dg.Config):
     """The allocation of one run, set by the scheduling sensor."""
 
     allocation: str = ""  # scheduler.allocation.RunAllocation.to_json()
+    reason: str = ""  # why the scheduler made this run (``scheduler.runs.Launch``)
+    previous_slots: str = ""  # the job's slots before this run, "-" for none
 
 
 def _allocation(job: str, config: TrainingRunConfig) -> RunAllocation:
@@ -78,8 +80,9 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         end_untrained(context, why)  # a re-execution, a stale generation, a finished job: ends at once
         return
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
-    if context.run.tags.get(TAG_REASON):  # why the scheduler made this run, first in its log (also a tag)
-        context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
+    if config.reason:  # why the scheduler made this run, first in its log (also in its config)
+        before = f"; slots before: {config.previous_slots}" if config.previous_slots not in ("", "-") else ""
+        context.log.info(f"why this run: {config.reason}{before}")
     started_s = time.time()
     try:
         progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
