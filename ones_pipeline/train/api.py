@@ -390,8 +390,8 @@ class TrainingSession:
         micro, accum = self._tuner.split(self.global_batch)
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
                "global_batch": float(self.global_batch), "gpus": float(self.p.world_size),
-               "lr": self.current_lr(), "per_gpu_batch": float(micro), "accum_steps": float(accum),
-               "num_nodes": float(self.p.num_nodes), **self._gns.metrics()}
+               "lr": self.current_lr(), "per_gpu_batch": float(micro), "num_nodes": float(self.p.num_nodes),
+               **({"accum_steps": float(accum)} if accum else {}), **self._gns.metrics()}  # (a constant 0 led charts)
         tp = self.throughput()
         if tp is not None:
             out["samples_per_s"] = tp
