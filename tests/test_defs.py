@@ -568,7 +568,7 @@ def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
     path = tmp_path / "progress.jsonl"
     path.write_text(json.dumps({"event": "epoch", "epoch": 1, "generation": 2, "time_s": 0.0}) + "\n")  # before
     context = Recorder()
-    observer = ProgressObserver(context, path, alloc, run_link=lambda run_id: f"link:{run_id}", poll_s=3600)
+    observer = ProgressObserver(context, path, alloc, run_link=lambda run_id, _=None: f"link:{run_id}", poll_s=3600)
     rows = [{"event": "mlflow_run", "run_id": "abc", "generation": 3, "time_s": 1.0},
             {"event": "epoch", "epoch": 2, "generation": 2, "time_s": 2.0}]  # another generation
     rows += [{"event": "epoch", "epoch": e, "samples": 1437 * e, "accuracy": 0.9, "global_batch": 64, "processes": 2,

@@ -97,3 +97,16 @@ def test_progress_rows_make_one_observation_per_interval_with_an_eta(tmp_path):
     assert shown[1]["eta_s"].value == pytest.approx((3000 - 400) / 10.0)  # 300 samples in 30 s
     assert shown[1]["epoch"].value == "0.40/3" and "accuracy" not in shown[1]
     assert shown[3]["accuracy"].value == 0.8123 and shown[3]["slots"].value == "2 CPU slots"
+
+
+def test_the_mlflow_run_is_a_link_where_the_ui_address_is_set():
+    """A sqlite store with ``mlflow.ui_url`` (the example project's): the partition's progress rows link to the run
+    (they said how to start `mlflow ui` instead, the same text on every row)."""
+    from ones_pipeline.defs.resources import MlflowResource
+
+    with_ui = MlflowResource(tracking_uri="sqlite:////tmp/x/mlflow.db", experiment="e", ui_url="http://127.0.0.1:5000/")
+    link = with_ui.run_link("abc", "3")
+    assert isinstance(link, dg.UrlMetadataValue)
+    assert link.url == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    bare = MlflowResource(tracking_uri="sqlite:////tmp/x/mlflow.db", experiment="e").run_link("abc", "3")
+    assert "mlflow ui --app-name ones" in bare.text

@@ -49,6 +49,7 @@ class ProgressObserver:
         self.tracking_uri = tracking_uri  # the MLflow store: in-place changes are counted on the job's run
         self.changes: list[str] = []  # this run's in-place changes, as logged
         self.mlflow_run: str | None = None
+        self.mlflow_experiment: str | None = None
         self.observed = 0
         self._last_observed_s: float | None = None
         self._first: tuple[float, float] | None = None  # (time, samples) of this generation's first training row
@@ -79,6 +80,7 @@ class ProgressObserver:
                 continue
             if row.get("event") == "mlflow_run":
                 self.mlflow_run = str(row.get("run_id") or "") or None
+                self.mlflow_experiment = str(row.get("experiment_id") or "") or None
             elif row.get("event") in ("resized", "resize_fallback"):
                 try:
                     self.changed(row)
@@ -164,7 +166,7 @@ class ProgressObserver:
             "generation": self.allocation.generation,
         }
         if self.mlflow_run and self.run_link is not None:
-            out["mlflow_run"] = self.run_link(self.mlflow_run)
+            out["mlflow_run"] = self.run_link(self.mlflow_run, self.mlflow_experiment)
         return {k: v for k, v in out.items() if v is not None}
 
 
