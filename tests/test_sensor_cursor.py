@@ -60,3 +60,13 @@ def test_the_cursor_does_not_grow_with_finished_jobs(tmp_path):
     assert cursor["submit"] == {n: submitted[n] for n in names[:2]}  # nothing of the active jobs lost
     assert not set(cursor["spec_hash"]) - set(names[:2])
     assert len(again.cursor) < 1000, again.cursor
+
+
+def test_step_times_in_the_cursor_are_rounded():
+    """The step times kept per model (``model_obs``) keep 4 significant digits (17 before: half the cursor)."""
+    from ones_pipeline.defs.sensor import forget_finished
+
+    cursor = {"submit": {"a": 1.0, "b": 2.0}, "model_obs": {"mlp": [[1, 1, 32, 0.00040617925060359994, 0.0]]}}
+    forget_finished(cursor, {"b"})
+    assert cursor["submit"] == {"a": 1.0} and cursor["model_obs"] == {"mlp": [[1, 1, 32, 0.0004062, 0.0]]}
+
