@@ -201,6 +201,8 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
     reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
     if isinstance(reported.get("accuracy"), float):
         reported["accuracy"] = round(reported["accuracy"], 4)
+    if isinstance(reported.get("epochs"), float):  # "1333.3413333333" on the partition page
+        reported["epochs"] = round(reported["epochs"], 3)
     now = time.time()
     runs = job_run_infos(context.instance, allocation.job)
     ledger = ledger or []  # the job's slot ledger (``defs.slot_owner``): slot-time across in-place changes
