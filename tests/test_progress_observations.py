@@ -83,7 +83,14 @@ def test_progress_rows_make_one_observation_per_interval_with_an_eta(tmp_path):
     path = tmp_path / records.PROGRESS_FILE
     path.write_text(json.dumps({"event": "progress", "samples": 5, "generation": 1, "time_s": 0.0}) + "\n")  # before
     context = Recorder()
-    observer = ProgressObserver(context, path, RunAllocation.make(spec, (0, 1), "cpu", 20, 2), poll_s=3600)
+    decisions = tmp_path / "decisions.jsonl"  # the scheduler's: its last decision for the job predicts its finish
+    decisions.write_text("".join(json.dumps(d) + "\n" for d in (
+        {"job": "job-s", "after": [0], "time_s": 900.0, "why": {"remaining_after_s": 500.0}},
+        {"job": "other", "after": [1], "time_s": 950.0, "why": {"remaining_after_s": 10.0}},
+        {"job": "job-s", "after": [0, 1], "time_s": 990.0, "why": {"remaining_after_s": 300.0}},
+        {"job": "job-s", "after": [], "time_s": 995.0, "reason": "a decision that leaves it no slots"})) + "{half")
+    observer = ProgressObserver(context, path, RunAllocation.make(spec, (0, 1), "cpu", 20, 2), poll_s=3600,
+                                decisions=decisions)
     rows = [{"event": "training", "samples": 100, "generation": 2, "time_s": 1000.0}]
     rows += [{"event": "progress", "samples": 100 + 10 * t, "samples_per_s": 12.0, "global_batch": 20, "processes": 2,
               "generation": 2, "time_s": 1000.0 + t} for t in range(5, 101, 5)]
@@ -95,6 +102,7 @@ def test_progress_rows_make_one_observation_per_interval_with_an_eta(tmp_path):
     assert [m["samples"].value for m in shown] == [100, 400, 700, 1000]  # t = 0, 30, 60, 90 s
     assert shown[0]["progress"].value == "100/3,000 samples (3.3 %)" and "eta_s" not in shown[0]
     assert shown[1]["eta_s"].value == pytest.approx((3000 - 400) / 10.0)  # 300 samples in 30 s
+    assert shown[1]["predicted_finish"].value == 1290.0  # the grow to 2 slots at 990 s: 300 s left
     assert shown[1]["epoch"].value == "0.40/3" and "accuracy" not in shown[1]
     assert shown[3]["accuracy"].value == 0.8123 and shown[3]["slots"].value == "2 CPU slots"
 

@@ -87,7 +87,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
     try:
         progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
         with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link,
-                                                             tracking_uri=mlflow.tracking_uri):
+                                                             tracking_uri=mlflow.tracking_uri,
+                                                             decisions=launcher.ones_env.config().layout.decisions):
             results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)

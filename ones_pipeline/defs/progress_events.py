@@ -7,7 +7,7 @@ shows only "run has started" until the job finishes. So while the launcher runs 
 asset body reads the new lines of that file (from where the file ended when the generation started) and
 records this generation's progress as an ``AssetObservation`` of the job's partition (at its first training
 step, then one per ``OBSERVE_EVERY_S``, never more often): samples done of the stopping rule's total and the
-percent, the ETA at this generation's rate, epoch, the last evaluation's accuracy and losses, samples/s,
+percent, the ETA at this generation's rate and the scheduler's predicted finish (``decisions.jsonl``), epoch, the last evaluation's accuracy and losses, samples/s,
 global batch, slots, and the MLflow run. A job that stops on samples (or whose epochs are long) shows its
 progress from its first step, not at its first epoch's end (20 minutes in, before). The file is on this machine for
 every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
@@ -22,6 +22,7 @@ job's MLflow run (``ones.resizes_in_place``, beside ``ones.restarts``).
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
 
+import json
 import threading
 from pathlib import Path
 
@@ -42,11 +43,12 @@ class ProgressObserver:
     """Use as a context manager around the step: observations while it trains, the last lines at exit."""
 
     def __init__(self, context: dg.AssetExecutionContext, path: Path, allocation: RunAllocation, run_link=None,
-                 poll_s: float = POLL_S, tracking_uri: str | None = None):
+                 poll_s: float = POLL_S, tracking_uri: str | None = None, decisions: Path | None = None):
         self.context, self.path, self.allocation = context, Path(path), allocation
         self.run_link = run_link  # run id -> metadata value (``MlflowResource.run_link``), or None
         self.poll_s = poll_s
         self.tracking_uri = tracking_uri  # the MLflow store: in-place changes are counted on the job's run
+        self.decisions = decisions  # the decision log (``decisions.jsonl``): the scheduler's predicted finish
         self.changes: list[str] = []  # this run's in-place changes, as logged
         self.mlflow_run: str | None = None
         self.mlflow_experiment: str | None = None
@@ -141,6 +143,16 @@ class ProgressObserver:
             client.set_tag(self.mlflow_run, "ones.resizes_in_place", str(done + (row.get("event") == "resized")))
             client.set_tag(self.mlflow_run, "ones.last_change", f"generation {self.allocation.generation}: {text}")
 
+    def predicted_finish(self):
+        """When the scheduler's last decision for this job (its start or its last change) predicted it to finish:
+        the decision's time plus its ``remaining_after_s`` (the policy's model, restart included), beside the
+        ``eta_s`` this generation's rate gives; None without one."""
+        row = _last_decision(self.decisions, self.allocation.job)
+        after = ((row or {}).get("why") or {}).get("remaining_after_s")
+        if after is None:
+            return None
+        return dg.MetadataValue.timestamp(float(row.get("time_s") or 0.0) + float(after))
+
     def metadata(self, row: dict) -> dict:
         """What the partition shows for one progress row (``training``/``progress``/``epoch``): samples done of
         the stopping rule's total, percent, ETA, epoch, the last evaluation; rounded, units in the names."""
@@ -158,6 +170,7 @@ class ProgressObserver:
             "samples": samples, "samples_total": int(total) if total else None,
             "progress_percent": dg.MetadataValue.float(round(100.0 * min(samples / total, 1.0), 1)) if total else None,
             "eta_s": _eta_s(self._first, float(row.get("time_s") or 0.0), samples, total),
+            "predicted_finish": self.predicted_finish(),
             "accuracy": _rounded(last.get("accuracy"), 4), "test_loss": _rounded(last.get("loss"), 4),
             "train_loss": _rounded(last.get("train_loss"), 4),
             "samples_per_s": _rounded(row.get("samples_per_s"), 1),
@@ -168,6 +181,25 @@ class ProgressObserver:
         if self.mlflow_run and self.run_link is not None:
             out["mlflow_run"] = self.run_link(self.mlflow_run, self.mlflow_experiment)
         return {k: v for k, v in out.items() if v is not None}
+
+
+def _last_decision(path: Path | None, job: str) -> dict | None:
+    """The newest decision in the log that gave ``job`` slots (the last 64 KB of the file: a job's last decision is
+    recent while it trains)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(fh.seek(0, 2) - 65536, 0))
+            lines = fh.read().splitlines()
+    except (OSError, TypeError):
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("job") == job and row.get("after"):
+            return row
+    return None
 
 
 def _eta_s(first: tuple[float, float] | None, now: float, samples: float, total: float | None):
