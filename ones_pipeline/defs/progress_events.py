@@ -7,11 +7,11 @@ shows only "run has started" until the job finishes. So while the launcher runs 
 asset body reads the new lines of that file (from where the file ended when the generation started) and
 records this generation's progress as an ``AssetObservation`` of the job's partition (at its first training
 step, then one per ``OBSERVE_EVERY_S``, never more often): samples done of the stopping rule's total and the
-percent, the ETA at this generation's rate and the scheduler's predicted finish (``decisions.jsonl``), epoch, the last evaluation's accuracy and losses, samples/s,
-global batch, slots, and the MLflow run. A job that stops on samples (or whose epochs are long) shows its
-progress from its first step, not at its first epoch's end (20 minutes in, before). The file is on this machine for
-every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
-code serves all three.
+percent, the ETA at this generation's rate and the scheduler's predicted finish (``decisions.jsonl``), epoch,
+the last evaluation's accuracy and losses, samples/s, global batch, slots, and the MLflow run. A job that stops
+on samples (or whose epochs are long) shows its progress from its first step, not at its first epoch's end
+(20 minutes in, before). The file is on this machine for every launcher (the job's directory is mounted into a
+container, shared with Slurm nodes), so the same code serves all three.
 
 In-place changes (``train.resize_control``) show there too: on rank 0's ``resized`` event (or the launcher's
 ``resize_fallback``) the observer frees the slots the run gave up (``defs.slot_owner``), logs
