@@ -126,7 +126,10 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
         assert {k: v for k, v in rr.tags.items() if k.startswith("ones/cpu-")} == {
             f"ones/cpu-{s}": "held" for s in slots}
         assert not any(k.startswith("ones/gpu") for k in rr.tags)
-        assert len([k for k in rr.tags if k.startswith("ones/")]) == 7 + len(slots)
+        # Only the tags the runs list is filtered by (the reason is in the run config: it made each row 200 px tall)
+        assert sorted(k for k in rr.tags if k.startswith("ones/") and not k.startswith("ones/cpu-")) == [
+            "ones/generation", "ones/global-batch", "ones/job", "ones/managed", "ones/slots"]
+        assert rr.run_config["ops"]["training_job"]["config"]["reason"]
         alloc = allocation_of(rr)
         assert alloc.job == rr.partition_key and alloc.global_batch >= 1 and alloc.lr > 0 and alloc.device == "cpu"
         held += slots
@@ -168,7 +171,8 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     second = tick(project, instance, first.cursor)
     assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
     (rr,) = [rr for rr in second.run_requests if rr.job_name == "train_job"]
-    assert rr.run_key == "job-a-g1" and rr.tags["ones/previous-slots"] == "0,1"
+    config = rr.run_config["ops"]["training_job"]["config"]
+    assert rr.run_key == "job-a-g1" and config["previous_slots"] == "0,1" and "spec changed" in config["reason"]
     assert allocation_of(rr).spec.stopping.epochs == 12
     decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
     assert (decisions[-1]["job"] == "job-a" and decisions[-1]["before"] == [0, 1]
@@ -281,7 +285,7 @@ def test_tick_then_materialize_a_partition_in_process_with_the_in_memory_launche
     progress = [r.event_log_entry.asset_observation.metadata for r in records
                 if "progress" in r.event_log_entry.asset_observation.metadata]
     epochs = alloc.spec.stopping.epochs
-    assert len(progress) == 1 and progress[0]["progress"].value == f"epoch {epochs:g}/{epochs:g}", progress
+    assert len(progress) == 1 and progress[0]["epoch"].value == f"{epochs:.2f}/{epochs:g}", progress
     assert progress[0]["global_batch"].value == alloc.global_batch and progress[0]["progress_percent"].value == 100.0
     assert progress[0]["slots"].value == f"{alloc.world_size} CPU slot" + ("s" if alloc.world_size > 1 else "")
     # The cluster report's table gives the JCT the partition gives.
@@ -564,7 +568,7 @@ def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
     path = tmp_path / "progress.jsonl"
     path.write_text(json.dumps({"event": "epoch", "epoch": 1, "generation": 2, "time_s": 0.0}) + "\n")  # before
     context = Recorder()
-    observer = ProgressObserver(context, path, alloc, run_link=lambda run_id: f"link:{run_id}", poll_s=3600)
+    observer = ProgressObserver(context, path, alloc, run_link=lambda run_id, _=None: f"link:{run_id}", poll_s=3600)
     rows = [{"event": "mlflow_run", "run_id": "abc", "generation": 3, "time_s": 1.0},
             {"event": "epoch", "epoch": 2, "generation": 2, "time_s": 2.0}]  # another generation
     rows += [{"event": "epoch", "epoch": e, "samples": 1437 * e, "accuracy": 0.9, "global_batch": 64, "processes": 2,
@@ -572,6 +576,7 @@ def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
     with observer:
         path.write_text(path.read_text() + "".join(json.dumps(r) + "\n" for r in rows) + '{"event": "ep')
     shown = [e.metadata for e in context.events]
-    assert [m["progress"].value for m in shown] == ["epoch 3/40", "epoch 7/40", "epoch 11/40"]
+    assert [m["epoch"].value for m in shown] == ["3.00/40", "7.00/40", "11.00/40"]
+    assert shown[0]["progress"].value == "4,311/57,480 samples (7.5 %)"
     assert shown[0]["slots"].value == "2 CPU slots" and shown[0]["mlflow_run"].value == "link:abc"
     assert all(e.partition == spec.name for e in context.events)

@@ -52,7 +52,8 @@ def test_batch_line_names_the_slots_and_the_mlflow_line_names_the_run_once():
     assert ("global batch 64 -> 256 (2 x 64 per process, accumulated over 2 micro-batches) on 2 CPU slots "
             "without a restart") in accumulated
     mlflow = progress_line(req, {"event": "mlflow_run", "run_id": "abc123", "experiment_id": "1"})
-    assert mlflow.startswith("j: MLflow run abc123 in sqlite:////tmp/x/mlflow.db (mlflow ui --backend-store-uri")
+    assert mlflow.startswith("j: MLflow run abc123 in sqlite:////tmp/x/mlflow.db "
+                             "(mlflow ui --app-name ones --backend-store-uri")
     assert mlflow.endswith("/#/experiments/1/runs/abc123?workflowType=machine_learning)")  # the training view
 
 

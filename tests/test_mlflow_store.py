@@ -42,9 +42,10 @@ def test_run_link_is_a_ui_url_for_servers_and_a_hint_for_other_stores():
     assert run_link("http://mlflow:5000/", "abc", "7") == f"http://mlflow:5000/#/experiments/7/runs/abc{ml}"
     assert run_link("https://mlflow.example", "abc") == f"https://mlflow.example/#/experiments/0/runs/abc{ml}"
     uri = "sqlite:////data/mlflow.db"
-    assert run_link(uri, "abc", "7") == (f"run abc in {uri} (mlflow ui --backend-store-uri {uri}, then "
+    assert run_link(uri, "abc", "7") == (f"run abc in {uri} (mlflow ui --app-name ones --backend-store-uri {uri}, then "
                                          f"http://127.0.0.1:5000/#/experiments/7/runs/abc{ml})")
-    assert run_link(uri, "abc", "7", address=False) == f"run abc in {uri} (mlflow ui --backend-store-uri {uri})"
+    assert run_link(uri, "abc", "7", address=False) == (
+        f"run abc in {uri} (mlflow ui --app-name ones --backend-store-uri {uri})")
 
 
 def test_ensure_store_is_idempotent(uri):

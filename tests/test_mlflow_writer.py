@@ -65,6 +65,13 @@ def test_jobrun_reopen_with_changed_params_keeps_first_values_and_tags_the_chang
     data = MlflowClient(tracking_uri=uri).get_run(run.run_id).data
     assert data.params == {"lr": "0.1", "new": "1"}
     assert data.tags["ones.changed_params"] == '["lr"]'
+    # The value now is shown (a tag, updated at each generation), also when the spec goes back to the first one.
+    assert data.tags["current.lr"] == "0.2"
+    run.finish("KILLED")
+    for generation, lr in ((2, 0.3), (3, 0.1)):
+        run = JobRun.open(uri, EXP, "job-c", tmp_path / "s", {"lr": lr, "new": 1}, generation=generation)
+        assert MlflowClient(tracking_uri=uri).get_run(run.run_id).data.tags["current.lr"] == str(lr)
+        run.finish("KILLED")
 
 
 def test_jobrun_state_dir_of_another_job_is_refused(uri, tmp_path):

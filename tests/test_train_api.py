@@ -51,3 +51,24 @@ def test_loss_scale_makes_the_ranks_average_gradient_the_global_batch_mean(posit
     w, loss = summed_loss(step)
     (loss / len(step)).backward()  # the mean over the step's global batch
     torch.testing.assert_close(ddp_average, w.grad)
+
+
+def test_accum_steps_is_logged_only_while_the_step_accumulates(tmp_path, monkeypatch):
+    """MLflow's run page sorts its charts by name: a constant ``accum_steps`` of 0 came first on every job's page."""
+    monkeypatch.delenv("ONES_STOP_FILE", raising=False)
+    monkeypatch.delenv("ONES_LAUNCHER_PID", raising=False)
+
+    def metrics(accumulating: bool) -> dict:
+        spec = JobSpec(name="job-m", model="mlp", dataset_size=64, per_gpu_batch=4, max_per_gpu_batch=4,
+                       requested_gpus=1, stopping=StoppingRule(StopKind.EPOCHS, epochs=1))
+        placement = Placement(spec=spec, rank=0, world_size=1, global_batch=16, lr=0.1, generation=0,
+                              state_dir=tmp_path / str(accumulating), tracking_uri=None, experiment="ones")
+        session = TrainingSession(placement, 64)
+        model = torch.nn.Linear(3, 1)
+        session.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        steps = session.steps() if accumulating else session.batches()
+        next(steps)
+        return session.metrics()
+
+    assert "accum_steps" not in metrics(accumulating=False)
+    assert metrics(accumulating=True)["accum_steps"] == 3.0  # 16 samples in 4 micro-batches of 4

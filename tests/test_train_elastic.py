@@ -156,7 +156,8 @@ def test_allocation_from_dagster_pipes_extras_and_materialization_reported(tmp_p
     epochs = [line for line in logged if ": epoch " in line]  # relayed while it trained, one per epoch
     assert len(epochs) == 2 and "epoch 2/2, 2874 samples, accuracy" in epochs[-1], logged
     assert "global batch 64 on 2 CPU slots" in epochs[-1]
-    assert any("MLflow run " in line and "mlflow ui --backend-store-uri" in line for line in logged), logged
+    ui = "mlflow ui --app-name ones --backend-store-uri"
+    assert any("MLflow run " in line and ui in line for line in logged), logged
     materialized = [m for m in messages if m["method"] == "report_asset_materialization"]
     assert len(materialized) == 1
     metadata = materialized[0]["params"]["metadata"]

@@ -259,6 +259,8 @@ def _all_ended(env: EnvConfig, instance, specs) -> bool:
 
 
 def _print_summary(env: EnvConfig) -> None:
+    from ones_pipeline.adapters.mlflow.store import UI_COMMAND
+
     report_dir = env.layout.report_dir
     csv = report_dir / "jobs.csv"
     if csv.exists():
@@ -276,7 +278,7 @@ def _print_summary(env: EnvConfig) -> None:
               f"makespan {s.get('makespan_s', float('nan')):.1f} s, "
               f"utilisation {100 * s.get('utilisation', float('nan')):.0f}%")
     print(f"\nMLflow runs: {env.tracking_uri()} (experiment {env.mlflow.experiment}); "
-          f"browse with: mlflow ui --backend-store-uri {env.tracking_uri()}")
+          f"browse with: {UI_COMMAND} {env.tracking_uri()}")
     print(f"plots and tables: {report_dir} (jct_cdf.png, allocation.png, jobs.csv)")
     lines = decision_lines(env)
     print(f"decisions: {env.layout.decisions}" + (":" if lines else " (none)"))

@@ -28,7 +28,7 @@ from ones_pipeline.defs.resources import InventoryResource, MlflowResource, Ones
 from ones_pipeline.defs.run_guard import end_untrained, why_not_train
 from ones_pipeline.defs.slot_owner import read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.runs import TAG_OUTCOME, TAG_REASON, held_periods
+from ones_pipeline.scheduler.runs import TAG_OUTCOME, held_periods
 
 JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
 TRAIN_JOB_NAME = "train_job"
@@ -39,6 +39,8 @@ class TrainingRunConfig(dg.Config):
     """The allocation of one run, set by the scheduling sensor."""
 
     allocation: str = ""  # scheduler.allocation.RunAllocation.to_json()
+    reason: str = ""  # why the scheduler made this run (``scheduler.runs.Launch``)
+    previous_slots: str = ""  # the job's slots before this run, "-" for none
 
 
 def _allocation(job: str, config: TrainingRunConfig) -> RunAllocation:
@@ -78,13 +80,15 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         end_untrained(context, why)  # a re-execution, a stale generation, a finished job: ends at once
         return
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
-    if context.run.tags.get(TAG_REASON):  # why the scheduler made this run, first in its log (also a tag)
-        context.log.info(f"why this run: {context.run.tags[TAG_REASON]}")
+    if config.reason:  # why the scheduler made this run, first in its log (also in its config)
+        before = f"; slots before: {config.previous_slots}" if config.previous_slots not in ("", "-") else ""
+        context.log.info(f"why this run: {config.reason}{before}")
     started_s = time.time()
     try:
         progress = launcher.ones_env.config().job_state_dir(job) / PROGRESS_FILE
         with _interrupt_when_orphaned(), ProgressObserver(context, progress, allocation, mlflow.run_link,
-                                                             tracking_uri=mlflow.tracking_uri):
+                                                             tracking_uri=mlflow.tracking_uri,
+                                                             decisions=launcher.ones_env.config().layout.decisions):
             results = [r for r in launcher.run(context, allocation) if isinstance(r, dg.MaterializeResult)]
     except dg.DagsterExecutionInterruptedError:
         stopped = _checkpointed_stop(launcher, allocation, started_s)
@@ -198,6 +202,8 @@ def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource,
     reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
     if isinstance(reported.get("accuracy"), float):
         reported["accuracy"] = round(reported["accuracy"], 4)
+    if isinstance(reported.get("epochs"), float):  # "1333.3413333333" on the partition page
+        reported["epochs"] = round(reported["epochs"], 3)
     now = time.time()
     runs = job_run_infos(context.instance, allocation.job)
     ledger = ledger or []  # the job's slot ledger (``defs.slot_owner``): slot-time across in-place changes

@@ -1,14 +1,17 @@
 """Progress of a running generation on its partition: observations of ``training_job`` while it trains.
 
-The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``), and the step
-relays them as run-log lines; the run log is one click away from the partition, which itself shows only
-"run has started" until the job finishes. So while the launcher runs the step, a thread of the asset
-body reads the new lines of that file (from where the file ended when the generation started) and
-records an epoch of this generation as an ``AssetObservation`` of the job's partition (the first, then
-at most one per ``OBSERVE_EVERY_S``; the run log has every epoch): epoch of the total, samples,
-accuracy, losses, samples/s, global batch, slots, and the MLflow run. The file is on this machine for
-every launcher (the job's directory is mounted into a container, shared with Slurm nodes), so the same
-code serves all three.
+The step's rank 0 appends its events to ``jobs/<job>/progress.jsonl`` (``train.api``): ``training`` at its
+first step, ``progress`` every ``records.PROGRESS_EVERY_S`` (5 s) while it trains, ``epoch`` at each evaluation;
+the step relays the epochs as run-log lines; the run log is one click away from the partition, which itself
+shows only "run has started" until the job finishes. So while the launcher runs the step, a thread of the
+asset body reads the new lines of that file (from where the file ended when the generation started) and
+records this generation's progress as an ``AssetObservation`` of the job's partition (at its first training
+step, then one per ``OBSERVE_EVERY_S``, never more often): samples done of the stopping rule's total and the
+percent, the ETA at this generation's rate and the scheduler's predicted finish (``decisions.jsonl``), epoch,
+the last evaluation's accuracy and losses, samples/s, global batch, slots, and the MLflow run. A job that stops
+on samples (or whose epochs are long) shows its progress from its first step, not at its first epoch's end
+(20 minutes in, before). The file is on this machine for every launcher (the job's directory is mounted into a
+container, shared with Slurm nodes), so the same code serves all three.
 
 In-place changes (``train.resize_control``) show there too: on rank 0's ``resized`` event (or the launcher's
 ``resize_fallback``) the observer frees the slots the run gave up (``defs.slot_owner``), logs
@@ -19,13 +22,13 @@ job's MLflow run (``ones.resizes_in_place``, beside ``ones.restarts``).
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
 
+import json
 import threading
 from pathlib import Path
 
 import dagster as dg
 
 from ones_pipeline.config.layout import ProgressTail
-from ones_pipeline.core.types import StopKind
 from ones_pipeline.defs.slot_owner import free_given_back, record
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_RESIZED_AT, TAG_SLOTS
@@ -40,15 +43,19 @@ class ProgressObserver:
     """Use as a context manager around the step: observations while it trains, the last lines at exit."""
 
     def __init__(self, context: dg.AssetExecutionContext, path: Path, allocation: RunAllocation, run_link=None,
-                 poll_s: float = POLL_S, tracking_uri: str | None = None):
+                 poll_s: float = POLL_S, tracking_uri: str | None = None, decisions: Path | None = None):
         self.context, self.path, self.allocation = context, Path(path), allocation
         self.run_link = run_link  # run id -> metadata value (``MlflowResource.run_link``), or None
         self.poll_s = poll_s
         self.tracking_uri = tracking_uri  # the MLflow store: in-place changes are counted on the job's run
+        self.decisions = decisions  # the decision log (``decisions.jsonl``): the scheduler's predicted finish
         self.changes: list[str] = []  # this run's in-place changes, as logged
         self.mlflow_run: str | None = None
+        self.mlflow_experiment: str | None = None
         self.observed = 0
         self._last_observed_s: float | None = None
+        self._first: tuple[float, float] | None = None  # (time, samples) of this generation's first training row
+        self._epoch: dict | None = None  # its last epoch row: the accuracy and losses shown until the next
         self._tail = ProgressTail(self.path)  # from where the file ends now: this generation's lines
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ones-progress-observer", daemon=True)
@@ -75,13 +82,18 @@ class ProgressObserver:
                 continue
             if row.get("event") == "mlflow_run":
                 self.mlflow_run = str(row.get("run_id") or "") or None
+                self.mlflow_experiment = str(row.get("experiment_id") or "") or None
             elif row.get("event") in ("resized", "resize_fallback"):
                 try:
                     self.changed(row)
                 except Exception as exc:  # never fail the training step; the next event retries the free
                     self.context.log.warning(f"in-place change not recorded: {exc}")
-            elif row.get("event") == "epoch":
+            elif row.get("event") in ("training", "progress", "epoch"):
                 now = float(row.get("time_s") or 0.0)
+                if self._first is None and row.get("event") != "epoch":  # the rate since training began: the ETA
+                    self._first = (now, float(row.get("samples") or 0.0))
+                if row.get("event") == "epoch":
+                    self._epoch = row
                 if self._last_observed_s is not None and now - self._last_observed_s < OBSERVE_EVERY_S:
                     continue
                 self._last_observed_s = now
@@ -131,30 +143,72 @@ class ProgressObserver:
             client.set_tag(self.mlflow_run, "ones.resizes_in_place", str(done + (row.get("event") == "resized")))
             client.set_tag(self.mlflow_run, "ones.last_change", f"generation {self.allocation.generation}: {text}")
 
+    def predicted_finish(self):
+        """When the scheduler's last decision for this job (its start or its last change) predicted it to finish:
+        the decision's time plus its ``remaining_after_s`` (the policy's model, restart included), beside the
+        ``eta_s`` this generation's rate gives; None without one."""
+        row = _last_decision(self.decisions, self.allocation.job)
+        after = ((row or {}).get("why") or {}).get("remaining_after_s")
+        if after is None:
+            return None
+        return dg.MetadataValue.timestamp(float(row.get("time_s") or 0.0) + float(after))
+
     def metadata(self, row: dict) -> dict:
-        """What the partition shows for one epoch: rounded, units in the names, slots named as scheduled."""
+        """What the partition shows for one progress row (``training``/``progress``/``epoch``): samples done of
+        the stopping rule's total, percent, ETA, epoch, the last evaluation; rounded, units in the names."""
         spec = self.allocation.spec
-        epoch = float(row.get("epoch") or 0.0)
-        total = spec.stopping.epochs if spec.stopping.kind is StopKind.EPOCHS else None
-        epoch_text = f"{int(epoch)}" if epoch.is_integer() else f"{epoch:.2f}"
+        samples = int(row.get("samples") or 0)
+        epoch = float(row.get("epoch") or samples / max(spec.dataset_size, 1))
+        total = spec.stopping.total_samples(spec.dataset_size)  # None: it stops on accuracy
         n = int(row.get("processes") or self.allocation.world_size)
         word = "GPU" if self.allocation.device == "gpu" else "CPU slot"
+        last = self._epoch or {}
         out = {
-            "progress": f"epoch {epoch_text}/{float(total):g}" if total else f"epoch {epoch_text}",
-            "samples": int(row.get("samples") or 0),
-            "accuracy": _rounded(row.get("accuracy"), 4),
-            "test_loss": _rounded(row.get("loss"), 4),
-            "train_loss": _rounded(row.get("train_loss"), 4),
+            "progress": f"{samples:,}/{int(total):,} samples ({100.0 * min(samples / total, 1.0):.1f} %)" if total
+            else f"epoch {epoch:.2f} (until accuracy {spec.stopping.target_accuracy:g})",
+            "epoch": f"{epoch:.2f}/{total / spec.dataset_size:g}" if total else None,
+            "samples": samples, "samples_total": int(total) if total else None,
+            "progress_percent": dg.MetadataValue.float(round(100.0 * min(samples / total, 1.0), 1)) if total else None,
+            "eta_s": _eta_s(self._first, float(row.get("time_s") or 0.0), samples, total),
+            "predicted_finish": self.predicted_finish(),
+            "accuracy": _rounded(last.get("accuracy"), 4), "test_loss": _rounded(last.get("loss"), 4),
+            "train_loss": _rounded(last.get("train_loss"), 4),
             "samples_per_s": _rounded(row.get("samples_per_s"), 1),
             "global_batch": row.get("global_batch"),
             "slots": f"{n} {word}{'' if n == 1 else 's'}",
             "generation": self.allocation.generation,
         }
-        if total:
-            out["progress_percent"] = dg.MetadataValue.float(round(100.0 * min(epoch / float(total), 1.0), 1))
         if self.mlflow_run and self.run_link is not None:
-            out["mlflow_run"] = self.run_link(self.mlflow_run)
+            out["mlflow_run"] = self.run_link(self.mlflow_run, self.mlflow_experiment)
         return {k: v for k, v in out.items() if v is not None}
+
+
+def _last_decision(path: Path | None, job: str) -> dict | None:
+    """The newest decision in the log that gave ``job`` slots (the last 64 KB of the file: a job's last decision is
+    recent while it trains)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(fh.seek(0, 2) - 65536, 0))
+            lines = fh.read().splitlines()
+    except (OSError, TypeError):
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("job") == job and row.get("after"):
+            return row
+    return None
+
+
+def _eta_s(first: tuple[float, float] | None, now: float, samples: float, total: float | None):
+    """Seconds to the stopping rule's total at this generation's wall-clock rate since its first training step
+    (evaluations and checkpoints included, as ``ones status`` measures its ETA; a trainer's samples/s leaves
+    them out); None without a total or before a second row."""
+    if total is None or first is None or now - first[0] <= 0 or samples - first[1] <= 0:
+        return None
+    return dg.MetadataValue.float(round(max(total - samples, 0.0) / ((samples - first[1]) / (now - first[0])), 0))
 
 
 def _rounded(value, digits: int):

@@ -85,10 +85,14 @@ class MlflowResource(dg.ConfigurableResource):
         return None
 
     def run_link(self, run_id: str, experiment_id: str | None = None):
-        """A URL into the MLflow UI for a server store; for sqlite, how to open it (the `mlflow ui` command:
-        the run's address in that UI is in the run's log; in a metadata cell it would be clipped)."""
+        """A URL into the MLflow UI: at ``ui_url`` when set (the user's UI on this store, sqlite included), for a
+        server store on it; else for sqlite how to open it (the `mlflow ui` command: the run's address in that UI
+        is in the run's log; in a metadata cell it would be clipped)."""
         from ones_pipeline.adapters.mlflow import run_link
+        from ones_pipeline.adapters.mlflow.models import run_url
 
+        if self.ui_url:  # a link a partition's progress row can be opened from, as its materialization's
+            return dg.MetadataValue.url(run_url(self.ui_url.rstrip("/"), experiment_id or "0", run_id))
         link = run_link(self.tracking_uri, run_id, experiment_id, address=False, ui_url=self.ui_url or None)
         return dg.MetadataValue.url(link) if link.startswith(("http://", "https://")) else dg.MetadataValue.text(link)
 

@@ -15,11 +15,14 @@ Each tick (DESIGN.md section 6):
    generation (the same run spans it; ``defs.slot_owner`` moves the slot tags), and writes the decision log
    and state files, launched by the daemon for committed ticks only;
 6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
-   (``ones/cpu-<id>``) tag per slot valued ``held``, the ``RunAllocation`` as JSON in the run config;
-7. the cursor keeps what the next tick needs to be idempotent; the policy's search state goes to
+   (``ones/cpu-<id>``) tag per slot valued ``held``, the ``RunAllocation`` as JSON in the run config with
+   the reason and the slots before (``Launch.run_config``; not tags: the runs list shows every tag);
+7. the cursor keeps what the next tick needs to be idempotent, of the jobs not finished (``forget_finished``:
+   bounded, whatever the number of finished jobs); the policy's search state goes to
    ``policy/<ref>.json`` through the apply run (committed ticks only), the cursor names it (``policy_ref``).
-Every decision is logged, tagged on the run it creates, recorded as an observation of the job's
-partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl`` by the apply run.
+Every decision is logged, put in the config and first log line of the run it creates, recorded as an
+observation of the job's partition (visible in the UI), and appended to ``<state_dir>/decisions.jsonl`` by the
+apply run.
 
 No ``from __future__ import annotations`` (Dagster resolves resource annotations at runtime).
 """
@@ -94,7 +97,7 @@ def _log_plan(context, plan: TickPlan, held: dict[str, str]) -> None:
 
 def _run_requests(plan: TickPlan) -> list[dg.RunRequest]:
     return [dg.RunRequest(run_key=launch.run_key, job_name=TRAIN_JOB_NAME, partition_key=launch.job,
-                          run_config={"ops": {TRAINING_ASSET: {"config": {"allocation": launch.allocation.to_json()}}}},
+                          run_config={"ops": {TRAINING_ASSET: {"config": launch.run_config()}}},
                           tags=launch.tags()) for launch in plan.launches]
 
 
@@ -160,6 +163,19 @@ def _saved_policy_state(context, env: EnvConfig, cursor: dict) -> dict | None:
     return state
 
 
+def forget_finished(cursor: dict, finished) -> None:
+    """Keep the cursor bounded: drop the finished jobs' submit times, spec hashes and launch epochs. No tick reads
+    them (a finished job is neither viewed nor launched again), and each finished job added about 100 bytes to the
+    cursor forever (the sensor's page shows it raw); its submit time and figures stay in its materialization
+    (``submit_time_s``, ``jct_s``) and ``decisions.jsonl``. The cursor grows with the active jobs and the models
+    only (``model_obs`` keeps a bounded number of step times per model, here to 4 significant digits: a measured
+    step time varies far more than that, and the 17-digit floats were half the cursor on the sensor's page)."""
+    for key in ("submit", "spec_hash", "launch_epochs"):
+        cursor[key] = {job: value for job, value in cursor.get(key, {}).items() if job not in finished}
+    cursor["model_obs"] = {model: [[*row[:3], *(float(f"{v:.4g}") for v in row[3:])] for row in rows]
+                           for model, rows in cursor.get("model_obs", {}).items()}
+
+
 def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: MlflowResource,
                    inventory: InventoryResource, declared=None) -> dg.SensorResult:
     """One tick: gather the inputs, plan, apply (the numbered steps of the module docstring). ``declared``:
@@ -208,6 +224,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     # The cursor names the search state the apply run saves; without an apply run, the last saved one.
     plan.cursor["policy_ref"] = plan.policy_ref if apply is not None else cursor.get("policy_ref")
     plan.cursor["errors"] = error_keys
+    forget_finished(plan.cursor, finished)
     plan.cursor["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
     plan.cursor["last_tick"] = {"time_s": round(now, 2), "decide_s": round(plan.decide_s, 4),
                                 "tick_s": round(time.perf_counter() - t_start, 4), "jobs": len(specs),

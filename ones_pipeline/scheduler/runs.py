@@ -21,8 +21,6 @@ TAG_JOB = "ones/job"
 TAG_GENERATION = "ones/generation"
 TAG_SLOTS = "ones/slots"  # comma-separated slot ids, e.g. "0,1" (GPU ids, or CPU slot numbers)
 TAG_BATCH = "ones/global-batch"
-TAG_REASON = "ones/reason"
-TAG_PREVIOUS = "ones/previous-slots"
 TAG_OUTCOME = "ones/outcome"  # set when a run is preempted after a clean checkpoint: "preempted, checkpointed"
 TAG_RESIZED_AT = "ones/resized-at"  # when the apply run last asked the run to change its slots in place (epoch s)
 # Slot ownership: one tag per slot a run has held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, valued ``held`` while
@@ -188,11 +186,19 @@ class Launch:
         return f"{self.job}-g{self.generation}"
 
     def tags(self) -> dict[str, str]:
+        """The run's tags: only what the runs list is filtered by and the scheduler reads back (job, generation,
+        slots, batch, one tag per slot for the concurrency limits). Why the run was made and the slots before go to
+        its run config and its log's first line (``run_config``): a 200-character reason made each row of the runs
+        list 200 px tall, and cut off."""
         tags = {TAG_MANAGED: "true", TAG_JOB: self.job, TAG_GENERATION: str(self.generation),
-                TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch),
-                TAG_REASON: self.reason[:200], TAG_PREVIOUS: ",".join(str(s) for s in self.previous_slot_ids) or "-"}
+                TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch)}
         tags.update({slot_tag(s, self.allocation.device): SLOT_HELD for s in self.slot_ids})
         return tags
+
+    def run_config(self) -> dict[str, str]:
+        """The training asset's config of the run: the allocation (JSON), why, and the slots before ("-": none)."""
+        return {"allocation": self.allocation.to_json(), "reason": self.reason,
+                "previous_slots": ",".join(str(s) for s in self.previous_slot_ids) or "-"}
 
 
 @dataclass(frozen=True)

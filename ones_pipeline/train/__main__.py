@@ -151,8 +151,11 @@ def _epoch(req: LaunchRequest, epoch: Any) -> str:
     return f"{text}/{float(total):g}" if total else text
 
 
-def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str:
-    """One run-log line for a progress event of rank 0."""
+def progress_line(req: LaunchRequest, row: Mapping[str, Any]) -> str | None:
+    """One run-log line for a progress event of rank 0; None for the ``progress`` beats of every few seconds
+    (the partition shows them, as observations; the run log keeps the epochs)."""
+    if row.get("event") == "progress":
+        return None
     if row.get("event") == "mlflow_run":
         from ones_pipeline.adapters.mlflow import run_link
 
@@ -234,7 +237,11 @@ def _main_under_pipes(args: argparse.Namespace, adjust: Callable[[LaunchRequest]
             print(f"ones train: {exc}", file=sys.stderr)
             return 2
         pipes.log.info(f"training {req.allocation.describe()}")
-        code = launch(req, on_event=lambda row: pipes.log.info(progress_line(req, row)))
+        def relay(row: Mapping[str, Any]) -> None:
+            if (line := progress_line(req, row)) is not None:
+                pipes.log.info(line)
+
+        code = launch(req, on_event=relay)
         result_file = req.state_dir / "result.json"
         if code == 0 and result_file.exists():
             result = json.loads(result_file.read_text())

@@ -113,7 +113,7 @@ class TrainingSession:
         self._retune_to = 0  # the batch rank 0 chose at this evaluation point (0: none), from ``_agree``
         self._change: BatchChange | None = None  # rank 0: that choice, for the report
         self._steps_since_start = self._steps_here = 0  # since the last batch change / in this process
-        self._last_ckpt = time.monotonic()
+        self._last_ckpt = self._beat_s = time.monotonic()  # the last checkpoint; the last progress event
         self._t_step = None
         self._prev_handlers: dict[int, Any] = {}
         self._stop_file = placement.stop_file
@@ -323,9 +323,12 @@ class TrainingSession:
         pr.position += self._batch_now
         pr.samples_done += self._batch_now
         pr.steps_done += 1
-        if self._steps_here == 0 and self.is_main:  # for the launcher: from this step on, a kill would lose work
-            self._report({"event": "training", "samples": pr.samples_done, "generation": self.p.generation})
-            pr.restarts = records.starts(self.p.state_dir) - 1
+        if self.is_main and (not self._steps_here or time.monotonic() - self._beat_s >= records.PROGRESS_EVERY_S):
+            self._beat_s = time.monotonic()
+            self._report({"event": "progress" if self._steps_here else "training", "samples": pr.samples_done,
+                          "generation": self.p.generation, "samples_per_s": self.throughput(),
+                          "global_batch": self._batch_now, "processes": self.p.world_size})
+            pr.restarts = records.starts(self.p.state_dir) - 1 if not self._steps_here else pr.restarts
         self._steps_since_start += 1
         self._steps_here += 1
         if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
@@ -387,8 +390,8 @@ class TrainingSession:
         micro, accum = self._tuner.split(self.global_batch)
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
                "global_batch": float(self.global_batch), "gpus": float(self.p.world_size),
-               "lr": self.current_lr(), "per_gpu_batch": float(micro), "accum_steps": float(accum),
-               "num_nodes": float(self.p.num_nodes), **self._gns.metrics()}
+               "lr": self.current_lr(), "per_gpu_batch": float(micro), "num_nodes": float(self.p.num_nodes),
+               **({"accum_steps": float(accum)} if accum else {}), **self._gns.metrics()}  # (a constant 0 led charts)
         tp = self.throughput()
         if tp is not None:
             out["samples_per_s"] = tp

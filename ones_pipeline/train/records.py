@@ -27,6 +27,13 @@ from typing import Any
 
 from ones_pipeline.config.layout import PROGRESS_FILE
 
+# Rank 0 writes a ``training`` event at its first step in a process (from then on a kill would lose work), then a
+# ``progress`` event (samples, samples/s) this often while it trains, besides its epochs: a job whose
+# epochs are long (or that stops on samples, mid-epoch) shows its progress on its partition within seconds of its start
+# (``defs.progress_events``, which records one observation per 30 s), not at its first epoch's end. A line appended
+# to a local file every 5 s costs nothing next to a training step.
+PROGRESS_EVERY_S = 5.0
+
 # The exit code of a rank that stopped on bad input it has explained in one line on stderr (e.g. a checkpoint of
 # another model): its launcher adds no line of its own and exits with it too.
 BAD_INPUT_EXIT = 2

@@ -16,6 +16,7 @@ TAG_JOB = "ones.job"
 TAG_GENERATION = "ones.generation"
 TAG_RESTARTS = "ones.restarts"
 TAG_CHANGED_PARAMS = "ones.changed_params"
+TAG_CURRENT_PREFIX = "current."  # ``current.<param>``: a param's value now, where the spec changed it since
 
 # Metrics whose whole history read_progress reads; the others come from their latest value only.
 PROGRESS_KEYS = ("samples", "epoch", "loss", "accuracy")

@@ -51,6 +51,9 @@ _RUN_ROUTE = "#/experiments/{experiment}/runs/{run}?workflowType=machine_learnin
 
 
 DEFAULT_UI_URL = "http://127.0.0.1:5000"  # `mlflow ui`'s own default address
+# How to open a UI on a database store: MLflow's app with its mappers configured first (``ui_app``: `mlflow ui` alone
+# broke every model-registry request once a run page had been opened).
+UI_COMMAND = "mlflow ui --app-name ones --backend-store-uri"
 UI_URL_ENV = "ONES_MLFLOW_UI_URL"  # the environment's ``mlflow.ui_url``, passed to training steps
 
 
@@ -68,7 +71,7 @@ def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None, a
              ui_url: str | None = None) -> str:
     """Where to look at a run: for an http(s) store, a URL into its MLflow UI (experiment ``0``, MLflow's
     default, when ``experiment_id`` is not given: the UI shows the run all the same); for any other store,
-    how to open a UI on it: ``run <id> in <uri> (mlflow ui --backend-store-uri <uri>, then
+    how to open a UI on it: ``run <id> in <uri> (mlflow ui --app-name ones --backend-store-uri <uri>, then
     <ui>/#/...)``, without the address when ``address`` is false (a narrow table cell). The UI's address:
     ``ui_url``, else ``$ONES_MLFLOW_UI_URL``, else the http(s) store itself or `mlflow ui`'s
     http://127.0.0.1:5000 (``ui_base``)."""
@@ -77,7 +80,7 @@ def run_link(tracking_uri: str, run_id: str, experiment_id: str | None = None, a
     if tracking_uri.startswith(("http://", "https://")):
         return f"{base}/{route}"
     then = f", then {base}/{route}" if address else ""
-    return f"run {run_id} in {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri}{then})"
+    return f"run {run_id} in {tracking_uri} ({UI_COMMAND} {tracking_uri}{then})"
 
 
 def store_scheme(tracking_uri: str) -> str:

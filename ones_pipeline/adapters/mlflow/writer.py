@@ -22,7 +22,14 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
-from ones_pipeline.adapters.mlflow.schema import TAG_CHANGED_PARAMS, TAG_GENERATION, TAG_JOB, TAG_RESTARTS, chunks
+from ones_pipeline.adapters.mlflow.schema import (
+    TAG_CHANGED_PARAMS,
+    TAG_CURRENT_PREFIX,
+    TAG_GENERATION,
+    TAG_JOB,
+    TAG_RESTARTS,
+    chunks,
+)
 from ones_pipeline.adapters.mlflow.store import TrackerError, ensure_store
 from ones_pipeline.core.types import JOB_NAME_RE
 
@@ -69,7 +76,9 @@ class JobRun:
         A new run gets ``params`` (a mapping or a dataclass such as a ``JobSpec``; nested values are
         flattened to dotted keys, values stringified and truncated to MLflow's limits) and the tag
         ``ones.job``. A resumed run is set back to RUNNING; params it lacks are added, and keys whose
-        value changed are listed in the tag ``ones.changed_params`` (MLflow params are immutable).
+        value changed are listed in the tag ``ones.changed_params`` and their value now is the tag
+        ``current.<key>``, set again at each generation (MLflow params are immutable: the param keeps the
+        first value, so after a spec change the run page showed the old one only).
         Every open sets ``ones.generation`` and ``ones.restarts`` (opens - 1).
         """
         if not isinstance(job_name, str) or not JOB_NAME_RE.match(job_name):
@@ -150,11 +159,17 @@ def _resume(client: MlflowClient, run, wanted: Mapping[str, str], job_name: str)
     have = run.data.params
     _log_params(client, run_id, {k: v for k, v in wanted.items() if k not in have})
     changed = sorted(k for k, v in wanted.items() if k in have and have[k] != v)
-    if not changed:
+    try:  # the keys an earlier generation changed: their ``current.`` tag follows the spec back, too
+        before = set(json.loads(run.data.tags.get(TAG_CHANGED_PARAMS, "[]")))
+    except ValueError:
+        before = set()
+    if not changed and not before:
         return restarts, {}
-    log.warning("job %s: params %s changed since run %s started; kept the first values, listed in tag %s",
-                job_name, changed, run_id, TAG_CHANGED_PARAMS)
-    return restarts, {TAG_CHANGED_PARAMS: json.dumps(changed)}
+    if changed:
+        log.warning("job %s: params %s changed since run %s started; kept the first values, the values now in "
+                    "tags %s", job_name, changed, run_id, ", ".join(f"{TAG_CURRENT_PREFIX}{k}" for k in changed))
+    current = {f"{TAG_CURRENT_PREFIX}{k}": wanted[k] for k in sorted(before | set(changed)) if k in wanted}
+    return restarts, {TAG_CHANGED_PARAMS: json.dumps(changed), **current}
 
 
 def _resumable_run(client: MlflowClient, id_file: Path, exp_id: str, job_name: str):
