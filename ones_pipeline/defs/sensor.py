@@ -221,22 +221,31 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]
         requests.append(dg.RunRequest(run_key=f"report-{done_key}", job_name=REPORT_JOB_NAME,
                                       tags={"ones/report": "true"}))
-    # The cursor names the search state the apply run saves; without an apply run, the last saved one.
-    plan.cursor["policy_ref"] = plan.policy_ref if apply is not None else cursor.get("policy_ref")
-    plan.cursor["errors"] = error_keys
-    forget_finished(plan.cursor, finished)
-    plan.cursor["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
-    plan.cursor["last_tick"] = {"time_s": round(now, 2), "decide_s": round(plan.decide_s, 4),
+    next_cursor = _next_cursor(plan, cursor, apply is not None, error_keys, finished,
+                               {"time_s": round(now, 2), "decide_s": round(plan.decide_s, 4),
                                 "tick_s": round(time.perf_counter() - t_start, 4), "jobs": len(specs),
-                                "slots": slots.num_slots}
+                                "slots": slots.num_slots})
     skip = None
     if not requests:
         skip = (f"no change: {len(specs)} job(s), {len(finished & set(specs))} finished, "
                 f"{len(active_runs)} run(s) in flight" + (f"; {_bad_specs_line(errors)}" if errors else "")
                 + (f"; {len(held)} waiting for upstream assets" if held else ""))
     return dg.SensorResult(
-        run_requests=requests, cursor=json.dumps(plan.cursor), asset_events=events, skip_reason=skip,
+        run_requests=requests, cursor=json.dumps(next_cursor), asset_events=events, skip_reason=skip,
         dynamic_partitions_requests=[JOBS_PARTITIONS.build_add_request(new_keys)] if new_keys else [])
+
+
+def _next_cursor(plan, cursor: dict, applies: bool, error_keys, finished, last_tick: dict) -> dict:
+    """The plan's cursor with what the sensor adds: the search state the apply run saves (without an apply
+    run, the last saved one), the bad specs already logged, the waiting reasons' hashes and ``last_tick``;
+    finished jobs' entries forgotten (the cursor stays bounded)."""
+    out = plan.cursor
+    out["policy_ref"] = plan.policy_ref if applies else cursor.get("policy_ref")
+    out["errors"] = error_keys
+    forget_finished(out, finished)
+    out["waiting"] = {j: hashlib.sha256(w.encode()).hexdigest()[:12] for j, w in plan.waiting.items()}
+    out["last_tick"] = last_tick
+    return out
 
 
 def build_scheduler_sensor(tick_interval_s: int, declared=None) -> dg.SensorDefinition:
