@@ -129,6 +129,30 @@ def test_tight_bound_below_every_policy_on_a_contended_pollux_sample():
     assert sum(r.jct_s for r in res.jobs) / len(jobs) >= b.mean_jct_s
 
 
+def test_tight_bound_never_below_each_job_alone_though_its_grid_rounds_up():
+    """The progress grid rounds a job up after every round, so its shortest relaxed path alone ends before its
+    continuous end alone (the fast bound's part (a)); every completion the programme values counts as at
+    least that end, so the tight bound is at least the fast one on a job alone, and strictly above it when
+    jobs contend for the GPUs (each alone would take all of them)."""
+    config = SimConfig(interval_s=60.0, restart_cost_s=10.0, change_costs=PRESETS["pollux"])
+    cluster = Cluster.uniform(1, 4)
+
+    def job(name, submit, samples, sync):
+        return synthetic_job(name, submit, samples, requested_gpus=1, samples_per_gpu_s=100.0, sync_s=sync,
+                             max_local_batch=64)
+
+    # ~38 rounds alone on 4 GPUs, cells of 4 s at its fastest: rounded up by up to a cell a round.
+    alone = tight_bound([job("a", 0, 900_000, 0.05)], cluster, config, time_budget_s=5.0)
+    assert alone.lagrangian_s >= alone.fast_s * (1 - 1e-9), alone
+    contended = [job("a", 0, 300_000, 0.3), job("b", 0, 300_000, 0.3), job("c", 120, 300_000, 0.3)]
+    b = tight_bound(contended, cluster, config, time_budget_s=10.0)
+    fast = lower_bound(contended, cluster, config)
+    assert fast.mean_jct_s == b.fast_s
+    assert b.lagrangian_s > 1.01 * b.fast_s and b.binds == "tight", (b, fast)
+    res = simulate(contended, make_policy("fifo", seed=0), cluster, config)
+    assert sum(r.jct_s for r in res.jobs) / len(contended) >= b.mean_jct_s
+
+
 def test_tight_bound_rejects_an_empty_workload():
     with pytest.raises(ValueError, match="no jobs"):
         tight_bound([], Cluster.uniform(1, 4))

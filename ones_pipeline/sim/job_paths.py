@@ -27,7 +27,6 @@ MIN_POINTS = 400
 
 
 @dataclass
-@dataclass
 class JobModel:
     """One job's relaxed schedules, given its rates: grid, transitions, first start."""
 
@@ -49,6 +48,10 @@ class JobModel:
     # Dead time charged to every change of the programme with the GPUs held (the first start included): the
     # least of the start and of any change in any environment modelled (``ChangeCosts.least_change``).
     change: float = 0.0
+    # The job's JCT alone (``sim.bound``'s part (a): first start at its release round after its ``cost``, then
+    # the fastest rate throughout): no real schedule of the job ends sooner, so every completion the
+    # programmes value is counted as at least this (the grid's rounding up can end a path sooner).
+    floor: float = 0.0
 
 
 def job_model(job: SimJob, rates: Rates, config: SimConfig, cell_s: float, max_points: int) -> JobModel:
@@ -96,8 +99,9 @@ def job_model(job: SimJob, rates: Rates, config: SimConfig, cell_s: float, max_p
             idx = np.maximum(np.searchsorted(grid, reached * (1 - 1e-12), side="left"), np.arange(1, points + 1))
             nxtd[n - 1] = np.where(done, -1, idx)
             taud[n - 1] = np.where(done, change + total_clock[n] - t_k, 0.0)
+    floor = release * interval + cost + fast_total - s.submit_time_s
     return JobModel(rates, s.submit_time_s, release, cost, grid, nxt, tau, nxt0, tau0, rest,
-                     horizon=max(4 * est, 8), nxtd=nxtd, taud=taud, change=change)
+                    horizon=max(4 * est, 8), nxtd=nxtd, taud=taud, change=change, floor=floor)
 
 
 def job_models(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig, cell_s: float,
@@ -140,14 +144,16 @@ def _priced(m: JobModel, prices: np.ndarray, interval: float, free: np.ndarray |
     return lam, starts, price
 
 
-def _moves(nx: np.ndarray, tau: np.ndarray, price: np.ndarray, starts: np.ndarray, after) -> np.ndarray:
+def _moves(nx: np.ndarray, tau: np.ndarray, price: np.ndarray, starts: np.ndarray, after,
+           floor: float) -> np.ndarray:
     """(N, H) cost of each GPU count in each round: its price plus, where it finishes (``nx < 0``), the JCT
-    at ``tau`` into the round, else the value ``after(rows, counts)`` of where it lands the next round."""
+    at ``tau`` into the round (at least ``floor``), else the value ``after(rows, counts)`` of where it lands
+    the next round."""
     H = price.shape[1] - 1
     c = price[:, :H].copy()
     fin = nx < 0
     if fin.any():
-        c[fin] += starts[None, :H] + tau[fin][:, None]
+        c[fin] += np.maximum(starts[None, :H] + tau[fin][:, None], floor)
     if (~fin).any():
         c[~fin] += after(nx[~fin], np.nonzero(~fin)[0] + 1)
     return c
@@ -159,15 +165,16 @@ def _dp_held(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
     and keeping ``h``; a paused or unstarted job (``h = 0``) waits for free. (value, JCT, use, horizon hit)."""
     H, P, N = m.horizon, len(m.grid) - 1, m.nxt.shape[0]
     V = np.empty((P + 1, N + 1, H + 1))
-    V[P] = starts[None, :]  # rounded up to the total: finished by the round's start
-    V[:P, 1:, H] = starts[H] + m.rest[:, None]
-    V[:P, 0, H] = starts[H] + m.change + m.rest  # a paused or unstarted job pays a start (at least ``change``)
+    V[P] = np.maximum(starts, m.floor)[None, :]  # rounded up to the total: finished by the round's start
+    V[:P, 1:, H] = np.maximum(starts[H] + m.rest[:, None], m.floor)
+    # A paused or unstarted job pays a start (at least ``change``).
+    V[:P, 0, H] = np.maximum(starts[H] + m.change + m.rest, m.floor)
     cols, ns = np.arange(H), np.arange(1, N + 1)
 
     def options(k):
         after = lambda rows, n: V[rows, n, 1:]  # noqa: E731
-        return (_moves(m.nxtd[:, k], m.taud[:, k], price, starts, after),
-                _moves(m.nxt[:, k], m.tau[:, k], price, starts, after))
+        return (_moves(m.nxtd[:, k], m.taud[:, k], price, starts, after, m.floor),
+                _moves(m.nxt[:, k], m.tau[:, k], price, starts, after, m.floor))
 
     for k in range(P - 1, -1, -1):
         change, keep = options(k)
@@ -208,8 +215,8 @@ def _dp_free(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
     inside it free of price), ``V(k, t) = min(V(k, t+1), min_n [price + V(next(k, n), t+1)])``."""
     H, P, N = m.horizon, len(m.grid) - 1, m.nxt.shape[0]
     V = np.empty((P + 1, H + 1))
-    V[P] = starts  # rounded up to the total: finished by the round's start
-    V[:P, H] = starts[H] + m.rest
+    V[P] = np.maximum(starts, m.floor)  # rounded up to the total: finished by the round's start
+    V[:P, H] = np.maximum(starts[H] + m.rest, m.floor)
     after = lambda rows, n: V[rows, 1:]  # noqa: E731
     # V is non-increasing in progress (the next grid point is non-decreasing in k and in n), so of the counts
     # that land on the same grid point only the fewest GPUs can be best; those that finish all stay.
@@ -218,7 +225,7 @@ def _dp_free(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
     lead[1:] |= m.nxt[1:] != m.nxt[:-1]
     for k in range(P - 1, -1, -1):
         sel = lead[:, k]
-        a = _moves(m.nxt[sel, k], m.tau[sel, k], price[sel], starts, after).min(axis=0)
+        a = _moves(m.nxt[sel, k], m.tau[sel, k], price[sel], starts, after, m.floor).min(axis=0)
         V[k, :H] = np.minimum.accumulate(np.append(a, V[k, H])[::-1])[::-1][:H]
     # The first start at round i: dead rounds free, then a round of ``interval - cost`` productive seconds.
     q = int(m.cost // (starts[1] - starts[0])) if H else 0
@@ -228,9 +235,9 @@ def _dp_free(m: JobModel, lam: np.ndarray, starts: np.ndarray, price: np.ndarray
         idx = np.arange(H - q) + q
         for n in range(1, N + 1):
             nx = m.nxt0[n - 1]
-            rest = starts[idx] + off + m.tau0[n - 1] if nx < 0 else V[nx, idx + 1]
+            rest = np.maximum(starts[idx] + off + m.tau0[n - 1], m.floor) if nx < 0 else V[nx, idx + 1]
             first[n - 1] = price[n - 1, idx] + rest
-    term = starts[H] + m.cost + (m.rest[0] if P else 0.0)
+    term = max(starts[H] + m.cost + (m.rest[0] if P else 0.0), m.floor)
     a0 = first.min(axis=0)
     if not len(a0) or a0.min() >= term:
         return float(term), float(term), {}, True
@@ -252,7 +259,7 @@ def _follow_free(m: JobModel, V, lam, price, starts, first, i: int, q: int, val:
         if i >= H:
             return val - paid, use, True
         if V[k, i] < V[k, i + 1]:
-            costs = _moves(m.nxt[:, k], m.tau[:, k], price, starts, after)[:, i]
+            costs = _moves(m.nxt[:, k], m.tau[:, k], price, starts, after, m.floor)[:, i]
             n = int(np.argmin(costs)) + 1
             use[m.release + i] = n
             paid += n * lam[i]

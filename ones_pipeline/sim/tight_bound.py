@@ -18,7 +18,8 @@ generation). Prices: first ``f x interval x (jobs in the system) / G`` (an extra
 first, each the best schedule in the GPUs left); then projected subgradient steps from the best prices
 (Polyak's length towards the master LP's value), and every third step the duals of the master LP over
 all schedules found (HiGHS via ``scipy.optimize.linprog``), smoothed half-way towards the best prices
-(Wentges 1997). The master LP's value (``lp_s``) estimates where the relaxation's optimum lies; it is not a
+(Wentges 1997).
+The master LP's value (``lp_s``) estimates where the relaxation's optimum lies; it is not a
 bound (the feasible start's columns pay no dead time on resizes).
 
 **Each job's schedules are relaxed further, always optimistically, so the bound stays valid:**
@@ -44,6 +45,16 @@ bound (the feasible start's columns pay no dead time on resizes).
   schedule reaches it. Prices past the feasible start's makespan are 0.
 * Within a round a job that finishes pays the whole round's price (the simulator frees GPUs at the next
   round) and its JCT counts to the moment it finishes.
+
+**Each job's completion counts as at least its end alone** (``JobModel.floor``: ``sim.bound``'s part (a),
+from the first round it can start in, after its start's dead time, at its fastest rate throughout). No real
+schedule ends the job sooner, so its JCT equals ``max(JCT, floor)`` and the relaxed minimum, which only
+lowers the JCT (the grid's rounding up can end a path before ``floor``), stays at most the real one. At zero
+prices every job's minimum is then at least its ``floor``: the bound there is at least the fast bound's
+part (a), without evaluating it, and the bound reported is the larger of it and the best the prices tried give
+(the search itself steps from the best prices it has evaluated).
+The fast bound's rank-by-rank SRPT part is not folded in (its per-rank constraint rewards late completions,
+which the optimistic paths cannot be charged for validly); the larger of the two bounds is reported.
 
 The shortest path is a dynamic programme over (progress grid point, GPUs held, round): ``V(k, h, t)`` =
 the least of pausing (``V(k, 0, t+1)``), changing to ``n != h`` and keeping ``h`` (waiting costs nothing
@@ -115,8 +126,10 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
     G = cluster.num_gpus
     cols, T, greedy, in_system = _feasible_start(models, interval, G)
     limits = [max(T - m.release + 1, 1) for m in models]
-    best, centre, upper, it = -math.inf, np.zeros(T), greedy, 0
-    step = 1.0
+    # At zero prices every job's minimum is at least its end alone (``JobModel.floor``), so the bound there is
+    # at least their mean, the fast bound's part (a): the bound reported whatever prices the search tries.
+    at_zero = float(np.mean([m.floor for m in models]))
+    best, centre, upper, it, step = -math.inf, np.zeros(T), greedy, 0, 1.0
     trials = [f * interval * in_system / G for f in (0.15, 0.3)]
     prices = np.zeros(T)
     while True:
@@ -131,15 +144,15 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
             step /= 2  # the subgradient step overshot: a shorter one next time
         elapsed = time.process_time() - cpu_start
         if progress is not None:
-            progress(it, best, upper)
-        if it >= max_iterations or elapsed > time_budget_s or (upper - best) <= tol * upper:
+            progress(it, max(best, at_zero), upper)
+        if it >= max_iterations or elapsed > time_budget_s or (upper - max(best, at_zero)) <= tol * upper:
             break
         if trials:
             continue
         # The master LP over the columns found: its value is a target (>= the best bound), its duals a proposal.
         lp_val, duals = _master(cols, len(models), T, G, interval * len(models), 1)
         upper = min(upper, lp_val)
-        if (upper - best) <= tol * upper:
+        if (upper - max(best, at_zero)) <= tol * upper:
             break
         if it % 3 == 0:  # the LP's prices, smoothed towards the best so far (Wentges 1997)
             prices = 0.5 * centre + 0.5 * duals
@@ -150,7 +163,7 @@ def tight_bound(workload: Sequence[SimJob], cluster: Cluster, config: SimConfig 
                 break
             gap = max(upper - best, 0.01 * abs(best))  # the LP over mixed columns may dip below the bound
             prices = np.maximum(centre + step * gap * len(models) / norm * g, 0.0)
-    return TightBound(best, fast.mean_jct_s, upper, it, time.perf_counter() - t_start, len(models))
+    return TightBound(max(best, at_zero), fast.mean_jct_s, upper, it, time.perf_counter() - t_start, len(models))
 
 
 def _feasible_start(models: list[JobModel], interval: float, G: int):
