@@ -24,7 +24,7 @@ and the figures (and ``--json``) of those that finished are written. Every draw 
 
     .venv/bin/python benchmarks/live_ab.py [--policies fifo,ones,pollux] [--seed 0] [--jobs 6]
                                            [--scale 0.7] [--timeout 1200] [--keep] [--json OUT]
-                                           [--ones-params '{"restart_cost_s": 10}']
+                                           [--ones-params '{"min_hold_s": 0}']
 
 ``--ones-params``: options of ``ones`` (its project's ``policy.params``, and the prediction's).
 """

@@ -4,9 +4,9 @@
 measured live and the start-up cost; this script rebuilds the same simulation as the benchmark's own
 prediction (``adapters.live_ab.sim_workload``: one node of 2 slots, a round every 5 s, noise scale hidden)
 and prints mean JCT, makespan, restarts and per-job JCT for each policy, with ``--ones`` options for
-``ones`` (e.g. ``'{"restart_cost_fraction": 0}'``), so a policy change can be checked against that mix.
-``ones`` runs as a live project runs it: the live churn charge (``scheduler.settings.live_policy_params``)
-unless ``--ones`` sets ``restart_cost_s``.
+``ones`` (e.g. ``'{"min_hold_s": 0}'``), so a policy change can be checked against that mix. Changes cost
+what they cost live (``adapters.live_ab.LIVE_CHANGE_COSTS``: starts and restarts the recorded start-up,
+grows and shrinks in place for every policy), which ``ones`` reads from its jobs' views.
 
     .venv/bin/python benchmarks/live_ab_sim.py OUT.json [--policies fifo,ones,pollux] [--ones '{...}']
 """
@@ -17,12 +17,11 @@ import argparse
 import json
 from pathlib import Path
 
-from ones_pipeline.adapters.live_ab import LiveViews, sim_figures, sim_workload
+from ones_pipeline.adapters.live_ab import LIVE_CHANGE_COSTS, LiveViews, sim_figures, sim_workload
 from ones_pipeline.config import parse_job_spec
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.scheduler.settings import live_policy_params
-from ones_pipeline.sim.change_costs import PRESETS
 from ones_pipeline.sim.engine import SimConfig, simulate
 
 SLOTS, TICK_S = 2, 5.0  # as live_ab.py runs it
@@ -45,9 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     options = live_policy_params("ones", json.loads(args.ones))  # as a live project runs ones
     for name in args.policies.split(","):
         policy = make_policy(name, seed=args.seed, **(options if name == "ones" else {}))
-        # Every change a restart: the live pipeline before its in-place changes (issue 36); its records were
-        # measured then. Change this when live_ab.py is re-run with in-place changes.
-        config = SimConfig(interval_s=TICK_S, change_costs=PRESETS["pollux"])
+        config = SimConfig(interval_s=TICK_S, change_costs=LIVE_CHANGE_COSTS)
         f = sim_figures(simulate(workload, LiveViews(policy), Cluster.uniform(1, SLOTS), config))
         per_job = " ".join(f"{job} {jct:.0f}" for job, jct in f["jct_s"].items())
         print(f"{name:8s} mean JCT {f['mean_jct_s']:6.0f} s  makespan {f['makespan_s']:6.0f} s  "

@@ -233,21 +233,18 @@ def test_empty_env_file_gives_defaults(tmp_path: Path):
     assert env.tracking_uri() == f"sqlite:///{env.state_dir / 'mlflow.db'}"
 
 
-def test_live_ones_gets_the_live_churn_charge_unless_its_params_set_one(tmp_path: Path):
-    """A live deployment's ``ones`` charges ``LIVE_RESTART_COST_S`` (not the simulator-tuned 120 s) for a change,
-    and holds a changed job 1.25x that; a charge in ``policy.params`` wins, and other policies get nothing."""
-    from ones_pipeline.core.policies import make_policy
+def test_live_ones_gets_the_decision_budget_and_no_churn_override(tmp_path: Path):
+    """A live deployment's ``ones`` gets the tick's decision budget as its time budget and nothing else: its
+    churn charge follows what the deployment measured its changes to cost (``JobView.change_costs``), so no
+    live override of it is left; other policies get nothing."""
     from ones_pipeline.scheduler import SchedulerSettings
-    from ones_pipeline.scheduler.settings import LIVE_RESTART_COST_S
 
     live = SchedulerSettings.from_env(load_env(_project(tmp_path / "a", None)))
-    assert live.params == {"time_budget_s": 2.0, "restart_cost_s": LIVE_RESTART_COST_S} and LIVE_RESTART_COST_S < 120
-    policy = make_policy(live.policy, seed=live.seed, **live.params)
-    assert policy.config.restart_cost_s == LIVE_RESTART_COST_S and policy.config.hold_s == 1.25 * LIVE_RESTART_COST_S
-    own = SchedulerSettings.from_env(load_env(_project(tmp_path / "b", {"policy": {"params": {"restart_cost_s": 10}}})))
-    assert own.params["restart_cost_s"] == 10
+    assert live.params == {"time_budget_s": 2.0}
+    own = SchedulerSettings.from_env(load_env(_project(tmp_path / "b", {"policy": {"params": {"min_hold_s": 10}}})))
+    assert own.params == {"min_hold_s": 10, "time_budget_s": 2.0}
     fifo = SchedulerSettings.from_env(load_env(_project(tmp_path / "c", {"policy": {"name": "fifo"}})))
-    assert "restart_cost_s" not in fifo.params
+    assert fifo.params == {}
 
 
 def test_repo_local_env_loads():

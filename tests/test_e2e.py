@@ -116,7 +116,7 @@ def project(tmp_path):
     (tmp_path / "resources" / "local.yaml").write_text(
         "cluster: {gpus: none, cpu_slots: 2}\nlauncher: {grace_period_s: 15}\n"
         "scheduler: {tick_interval_s: 5, decision_budget_s: 0.5}\n"
-        "policy: {name: ones, params: {restart_cost_s: 10}}\n")
+        "policy: {name: ones}\n")
     return tmp_path
 
 

@@ -131,14 +131,14 @@ def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_pa
     assert done.returncode == 0, done.stderr
     assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in done.stdout
     bad = _script("live_ab_sim.py", str(tmp_path / "ab.json"), "--policies", "ones", "--ones",
-                  '{"restart_cost_fraction": -1}')
-    assert bad.returncode != 0 and "restart_cost_fraction" in bad.stderr
+                  '{"gpu_time_weight": -1}')
+    assert bad.returncode != 0 and "gpu_time_weight" in bad.stderr
 
 
 def test_live_ab_refuses_bad_ones_options_by_name():
     """``live_ab.py --ones-params`` that is not a JSON object ends the script with one line naming the flag,
     before anything runs."""
-    for bad, why in (('{"restart_cost_s": ', "--ones-params is not JSON"),
+    for bad, why in (('{"min_hold_s": ', "--ones-params is not JSON"),
                      ("[1]", "--ones-params must be a JSON object")):
         done = _script("live_ab.py", "--ones-params", bad)
         assert done.returncode == 2 and why in done.stderr, done.stderr
@@ -148,18 +148,18 @@ def test_ones_options_reach_the_ones_project_and_the_prediction(tmp_path):
     """The ``--ones-params`` object becomes the ones project's ``policy.params`` (and no other policy's), and
     the simulator's prediction builds ``ones`` with it; bad options are refused by name."""
     (tmp_path / "resources").mkdir()
-    (tmp_path / "resources" / "local.yaml").write_text(yaml.safe_dump(live_env("ones", 0, {"restart_cost_s": 10})))
+    (tmp_path / "resources" / "local.yaml").write_text(yaml.safe_dump(live_env("ones", 0, {"min_hold_s": 10})))
     env = load_env(tmp_path)  # a project the pipeline accepts, with the options as the policy's
-    assert env.policy.name == "ones" and env.policy.params == {"restart_cost_s": 10}
+    assert env.policy.name == "ones" and env.policy.params == {"min_hold_s": 10}
     assert live_env("fifo", 0, None)["policy"]["params"] == {}
     assert live_env("fifo", 0, None)["cluster"] == {"gpus": "none", "cpu_slots": 2}
     spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
             "stopping": {"samples": 3200}}
     specs = [parse_job_spec(spec, "a", default_name="a")]
     workload = sim_workload(specs, {"a": 0.0}, {"a": 3200.0}, {"a": {(1, 32): 1.0}}, 10.0)
-    with pytest.raises(ValueError, match="restart_cost_fraction"):
-        simulate_policies(workload, ["ones"], 2, 5.0, 0, {"ones": {"restart_cost_fraction": -1}})
-    assert simulate_policies(workload, ["fifo"], 2, 5.0, 0, {"ones": {"restart_cost_fraction": -1}})["fifo"][
+    with pytest.raises(ValueError, match="gpu_time_weight"):
+        simulate_policies(workload, ["ones"], 2, 5.0, 0, {"ones": {"gpu_time_weight": -1}})
+    assert simulate_policies(workload, ["fifo"], 2, 5.0, 0, {"ones": {"gpu_time_weight": -1}})["fifo"][
         "makespan_s"] == pytest.approx(110.0)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from ones_pipeline.core.placement import place_counts
 from ones_pipeline.core.policies import OnesPaperParams, OnesPaperPolicy, OnesParams, OnesPolicy, policy_from_dict
+from ones_pipeline.core.policies.ones import change_charge
 from ones_pipeline.core.policies.ones_fitness import DecisionInputs, FitnessWeights, OnesContext
 from ones_pipeline.core.types import (
     Allocation,
@@ -93,9 +94,6 @@ def test_paper_policy_scales_down_the_largest_long_running_job_when_jobs_wait():
     (OnesParams, "population", 1, "ones: population must be an integer >= 2, got 1"),
     (OnesParams, "generations", -1, "ones: generations must be an integer >= 0"),
     (OnesParams, "time_budget_s", 0, "ones: time_budget_s must be a finite number > 0.0"),
-    (OnesParams, "restart_cost_s", float("nan"), "ones: restart_cost_s must be a finite number >= 0.0"),
-    (OnesParams, "restart_cost_fraction", -0.5, "ones: restart_cost_fraction must be a finite number >= 0.0"),
-    (OnesParams, "restart_cost_floor_s", float("inf"), "ones: restart_cost_floor_s must be a finite number >= 0.0"),
     (OnesParams, "horizon_s", 0.0, "ones: horizon_s must be a finite number > 0.0"),
     (OnesParams, "gpu_time_weight", -1, "ones: gpu_time_weight must be a finite number >= 0.0"),
     (OnesParams, "tail_chain_plain", 1.5, "ones: tail_chain_plain must be a finite number >= 0.0 and <= 1.0, got 1.5"),
@@ -114,7 +112,7 @@ def test_ones_parameters_are_checked_in_one_place(cls, field, value, match):
 
 
 @pytest.mark.parametrize("policy,params", [
-    (OnesPolicy, {"population": 8, "time_budget_s": 0.5, "wait_weight": None, "restart_cost_s": 10}),
+    (OnesPolicy, {"population": 8, "time_budget_s": 0.5, "wait_weight": None, "min_hold_s": 10}),
     (OnesPaperPolicy, {"children": 8, "max_scale": 2}),
 ])
 def test_ones_parameters_round_trip(policy, params):
@@ -129,9 +127,9 @@ def test_ones_parameters_round_trip(policy, params):
 
 
 def test_ones_params_are_frozen_and_normalised():
-    p = OnesParams(restart_cost_s=10, population=np.int64(8))
-    assert p.restart_cost_s == 10.0 and type(p.restart_cost_s) is float and type(p.population) is int
-    assert p.to_dict()["restart_cost_s"] == 10.0
+    p = OnesParams(horizon_s=600, population=np.int64(8))
+    assert p.horizon_s == 600.0 and type(p.horizon_s) is float and type(p.population) is int
+    assert p.to_dict()["horizon_s"] == 600.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.population = 3  # type: ignore[misc]
     assert OnesParams().tail_chain_plain == 0.3
@@ -293,58 +291,57 @@ def test_wait_weights_favour_the_job_that_has_waited_longest_against_its_size():
     assert (on.wait_weights > 1.0).any()
 
 
-def test_a_change_costs_at_most_a_fraction_of_the_time_the_job_has_left():
-    """The live A/B mix: a long job holds both slots with about 3 minutes left and a short job arrives. At the
-    full 120 s churn charge ones keeps the long job whole (the short one waits the 3 minutes); charged at
-    most ``restart_cost_fraction`` of its time left, the long job gives the short one a slot."""
+# What each kind of change costs: every change 30 s (the Pollux simulator's), or in place as measured live.
+EVERY_CHANGE_30_S = {"start": 30.0, "grow": 30.0, "shrink": 30.0, "restart": 30.0}
+IN_PLACE = {"start": 30.0, "grow": 0.05, "shrink": 0.04, "restart": 30.0}
+
+
+def _long_and_short(costs):
+    """The live A/B mix: a long job holds both slots with about 3 minutes left (25 samples/s, 5000 samples
+    left) and a short job arrives; each change costs ``costs`` (``JobView.change_costs``)."""
     from policy_helpers import spec as make_spec
 
+    long = JobView(spec=make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0), status=JobStatus.RUNNING,
+                   submit_time_s=0.0, samples_done=5000, progress_samples=5000,
+                   throughput_obs=(ThroughputObs(2, 1, 16, 1.27, 0.1),), change_costs=costs)
+    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
+                    submit_time_s=100.0, change_costs=costs)
+    return long, short
+
+
+def test_ones_charges_what_the_kind_of_change_costs():
+    """Where every change costs 30 s (charged 100 s: half the long job's time left, within [30, 120]) ones
+    keeps the long job on both slots and the short job waits; where a shrink is made in place (0.04 s,
+    charged at most 0.16 s) the long job gives the short one a slot. The wait weight is off so that the
+    charge alone decides."""
     from ones_pipeline.core.policies import make_policy
 
     cluster = Cluster.uniform(1, 2)
-    long = JobView(spec=make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0), status=JobStatus.RUNNING,
-                   submit_time_s=0.0, samples_done=5000, progress_samples=5000,
-                   throughput_obs=(ThroughputObs(2, 1, 16, 1.27, 0.1),))  # 25 samples/s: 5000 samples left
-    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
-                    submit_time_s=100.0)
     current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
-    # Without the wait weight (on by default: the short job's 10 s wait is large against its size), the churn
-    # charge alone decides.
-    only_churn = dict(seed=0, wait_weight=None)
-    full = make_policy("ones", restart_cost_fraction=0.0, **only_churn).decide(110.0, cluster, [long, short], current)
-    scaled = make_policy("ones", restart_cost_fraction=0.25, **only_churn).decide(110.0, cluster, [long, short],
-                                                                                  current)
-    assert full.allocations["long"].gpus == (0, 1) and "short" not in full.allocations
-    assert len(scaled.allocations["long"].gpus) == 1 and len(scaled.allocations["short"].gpus) == 1
-    # With the wait weight (the default), the short job's wait counts too, and even the full charge lets it in.
-    waited = make_policy("ones", seed=0, restart_cost_fraction=0.0).decide(110.0, cluster, [long, short], current)
-    assert len(waited.allocations["long"].gpus) == 1 and len(waited.allocations["short"].gpus) == 1
-    # The charge itself: f x time left, within [floor, restart_cost_s].
+    got = {}
+    for name, costs in (("restart", EVERY_CHANGE_30_S), ("in place", IN_PLACE), ("unknown", {})):
+        got[name] = make_policy("ones", seed=0, wait_weight=None).decide(110.0, cluster, _long_and_short(costs),
+                                                                         current)
+    assert got["restart"].allocations["long"].gpus == (0, 1) and "short" not in got["restart"].allocations
+    assert got["unknown"] == got["restart"]  # nothing measured: every change taken to cost 30 s
+    assert len(got["in place"].allocations["long"].gpus) == 1 and len(got["in place"].allocations["short"].gpus) == 1
+    # The charge itself: half the time left, within [the cost, 4 x the cost]: 30 s per change charges 30-120 s.
     left = [50.0, 2000.0, 10.0]
-    assert OnesParams(restart_cost_fraction=0.25).change_cost(left).tolist() == [30.0, 120.0, 30.0]
-    assert OnesParams(restart_cost_fraction=0.0).change_cost(left).tolist() == [120.0] * 3
-    assert OnesParams().restart_cost_fraction == 0.5  # the default (docs/ones_policy.md)
-
+    assert change_charge(30.0, left).tolist() == [30.0, 120.0, 30.0]
+    assert np.allclose(change_charge(0.05, left), [0.2, 0.2, 0.2]) and change_charge(0.0, left).tolist() == [0.0] * 3
 
 
 def test_a_job_keeps_its_count_for_min_hold_s_after_a_change():
-    """The scenario above with ``restart_cost_fraction`` 0.25, where the long job gives the short one a slot.
-    With ``min_hold_s`` 300 the long job, which this policy started at t = 0, keeps both slots until t = 300,
-    then gives one up; the state (when each job last changed) survives a save and load."""
-    from policy_helpers import spec as make_spec
-
+    """With shrinks in place the long job gives the short one a slot (above). With ``min_hold_s`` 300 the long
+    job, which this policy started at t = 0, keeps both slots until t = 300, then gives one up; the state
+    (when each job last changed) survives a save and load."""
     from ones_pipeline.core.policies import make_policy
 
     cluster = Cluster.uniform(1, 2)
-    obs = (ThroughputObs(2, 1, 16, 1.27, 0.1),)
-    spec = make_spec("long", per_gpu_batch=16, model="resnet18", epochs=1.0)
-    queued = JobView(spec=spec, status=JobStatus.PENDING, submit_time_s=0.0, throughput_obs=obs)
-    long = JobView(spec=spec, status=JobStatus.RUNNING, submit_time_s=0.0, samples_done=5000,
-                   progress_samples=5000, throughput_obs=obs)
-    short = JobView(spec=make_spec("short", model="mlp", epochs=1.0, submit=100.0), status=JobStatus.PENDING,
-                    submit_time_s=100.0)
+    long, short = _long_and_short(IN_PLACE)
+    queued = dataclasses.replace(long, status=JobStatus.PENDING, samples_done=0, progress_samples=0)
     for hold, kept_at_110 in ((0.0, False), (300.0, True)):
-        pol = make_policy("ones", seed=0, restart_cost_fraction=0.25, min_hold_s=hold)
+        pol = make_policy("ones", seed=0, min_hold_s=hold)
         first = pol.decide(0.0, cluster, [queued], Schedule())
         assert len(first.allocations["long"].gpus) == 2
         current = Schedule({"long": Allocation("long", (0, 1), 32, 0.1)})
@@ -358,18 +355,42 @@ def test_a_job_keeps_its_count_for_min_hold_s_after_a_change():
     assert again.changed_at == {"long": 310.0, "short": 310.0}
 
 
-def test_the_default_hold_follows_the_churn_charge():
-    """``min_hold_s`` null (the default): 1.25 x ``restart_cost_s``, so the simulator's 120 s charge holds
-    150 s and a live project that charges the 10 s its restarts cost holds 12.5 s; a number overrides it
-    and the null survives a save and load."""
+def test_the_default_hold_follows_the_cheapest_next_change():
+    """``min_hold_s`` null (the default): 1.25 x the most the job's cheapest next change (grow, shrink, restart)
+    is charged (4 x its cost): 150 s where every change costs 30 s (or nothing is measured), 0.2 s where a
+    shrink in place costs 0.04 s; a number overrides it and the null survives a save and load."""
     from ones_pipeline.core.policies import make_policy
 
-    assert OnesParams().min_hold_s is None and OnesParams().hold_s == 150.0
-    assert OnesParams(restart_cost_s=10.0).hold_s == 12.5
-    assert OnesParams(restart_cost_s=10.0, min_hold_s=300.0).hold_s == 300.0
-    assert OnesParams(min_hold_s=0.0).hold_s == 0.0
-    pol = policy_from_dict(json.loads(json.dumps(make_policy("ones", seed=0, restart_cost_s=10.0).to_dict())))
-    assert pol.config.min_hold_s is None and pol.config.hold_s == 12.5
+    assert OnesParams().min_hold_s is None and OnesParams().hold_s() == 150.0
+    assert OnesParams().hold_s(EVERY_CHANGE_30_S) == 150.0
+    assert np.isclose(OnesParams().hold_s(IN_PLACE), 0.2)
+    assert OnesParams(min_hold_s=300.0).hold_s(IN_PLACE) == 300.0 and OnesParams(min_hold_s=0.0).hold_s() == 0.0
+    pol = policy_from_dict(json.loads(json.dumps(make_policy("ones", seed=0).to_dict())))
+    assert pol.config.min_hold_s is None
+
+
+def test_the_only_job_left_is_never_shrunk():
+    """A job alone on the cluster keeps at least the GPUs it holds, even where ones' goodput model has it
+    faster on fewer (here its measured steps slow down past 1 slot), whatever it holds."""
+    from policy_helpers import spec as make_spec
+
+    from ones_pipeline.core.policies import make_policy
+
+    cluster = Cluster.uniform(1, 4)
+    obs = tuple(ThroughputObs(n, 1, 16, 0.5 + 0.4 * (n - 1), 0.4 * (n - 1)) for n in (1, 2, 4))  # slower on more
+    view = JobView(spec=make_spec("alone", per_gpu_batch=16, model="resnet18", epochs=50.0, max_gpus=4),
+                   status=JobStatus.RUNNING, submit_time_s=0.0, samples_done=5000, progress_samples=5000,
+                   throughput_obs=obs, change_costs=IN_PLACE)
+    for held in ((0, 1), (0, 1, 2, 3)):
+        current = Schedule({"alone": Allocation("alone", held, 16 * len(held), 0.1)})
+        out = make_policy("ones", seed=0).decide(1000.0, cluster, [view], current)
+        assert len(out.allocations["alone"].gpus) >= len(held), held
+    # With another job queued the same job may be shrunk: its GPUs then serve someone.
+    other = JobView(spec=make_spec("other", per_gpu_batch=16, model="resnet18", epochs=1.0), status=JobStatus.PENDING,
+                    submit_time_s=900.0, throughput_obs=obs, change_costs=IN_PLACE)
+    current = Schedule({"alone": Allocation("alone", (0, 1, 2, 3), 64, 0.1)})
+    out = make_policy("ones", seed=0).decide(1000.0, cluster, [view, other], current)
+    assert len(out.allocations["alone"].gpus) < 4
 
 
 def test_the_repair_keeps_locked_jobs_at_the_count_they_hold():

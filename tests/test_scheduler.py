@@ -144,13 +144,14 @@ def test_a_policy_batch_beyond_what_the_processes_hold_is_clamped_not_a_crash():
 
 def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots():
     """'long' holds both slots; 'short' arrives and the policy takes a slot from 'long'. The decision of
-    'long' carries the predicted time to finish before and after (restart included), the restart cost and
-    the job its slot goes to; the cancel reason (the "preempted by ones: ..." line) says the same."""
+    'long' carries the predicted time to finish before and after (the change's cost included), what that kind
+    of change costs and the job its slot goes to; the cancel reason (the "preempted by ones: ..." line) says the
+    same."""
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
     p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
     (d,) = [d for d in p.decisions if d.job == "long"]
     why = d.why
-    assert why["frees_for"] == ["short"] and why["restart_cost_s"] > 0
+    assert why["frees_for"] == ["short"] and why["change_cost_s"] > 0 and why["change"] == "restart"
     assert why["remaining_before_s"] > 0
     if why["remaining_after_s"] is not None:  # a shrink: slower, and the restart on top
         assert why["remaining_after_s"] > why["remaining_before_s"]
@@ -161,29 +162,27 @@ def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots
     assert d.to_dict()["why"] == why
 
 
-def test_the_reason_charges_the_restart_the_policy_charges_and_says_when_the_job_itself_is_later():
-    """The numbers behind a decision use the policy's own restart cost (ones: ``restart_cost_s``, 120 s by
-    default; pollux/sia: ``restart_penalty_s``), not a different constant; a change that leaves the job
-    later than before says so instead of reading as a contradiction."""
-    from ones_pipeline.core.policies import make_policy
-    from ones_pipeline.scheduler.rationale import Why, policy_restart_cost
+def test_the_reason_quotes_what_the_kind_of_change_costs_and_says_when_the_job_itself_is_later():
+    """The numbers behind a decision add what that kind of change costs where it runs (the tick's measured
+    ``JobView.change_costs``, here nothing measured yet: the live prior), named: a shrink in place quotes its
+    in-place cost, never a restart; through a checkpoint (Slurm) a restart. A change that leaves the job later
+    than before says so instead of reading as a contradiction, and a job alone never blames the other jobs."""
+    from ones_pipeline.scheduler.change_costs import PRIOR
+    from ones_pipeline.scheduler.rationale import Why
 
-    assert policy_restart_cost(make_policy("ones", seed=0)) == 120.0
-    assert policy_restart_cost(make_policy("ones", seed=0, restart_cost_s=45.0)) == 45.0
-    assert policy_restart_cost(make_policy("pollux", seed=0)) == 30.0
-    assert policy_restart_cost(make_policy("fifo", seed=0)) is None
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
-    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0)
-    (d,) = [d for d in p.decisions if d.job == "long"]
-    assert d.why["restart_cost_s"] == 120.0 and "incl. 120 s restart" in d.reason
-    from ones_pipeline.scheduler.rationale import _restart_charge
-
-    ones_policy, pollux_policy = make_policy("ones", seed=0), make_policy("pollux", seed=0)
-    assert [_restart_charge(ones_policy, 120.0, t) for t in (1000.0, 100.0, 10.0)] == [120.0, 50.0, 30.0]
-    assert _restart_charge(pollux_policy, 30.0, 10.0) == 30.0  # a flat charge
-    grow = Why(53.0, 66.0, 30.0).text()
-    assert grow.startswith("predicted to finish in 53 s -> 66 s") and "later for this job alone" in grow
+    for launcher, kind, words in (("subprocess", "shrink", "shrink in place"),
+                                  ("slurm", "restart", "restart from a checkpoint")):
+        p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher=launcher)
+        (d,) = [d for d in p.decisions if d.job == "long"]
+        assert d.why["change"] == kind and d.why["change_cost_s"] == PRIOR[kind]
+        assert f"({words}, ~" in d.reason and ("restart" in d.reason) is (kind == "restart"), d.reason
+    grow = Why(53.0, 66.0, 30.0, change="grow").text()
+    assert grow.startswith("predicted to finish in 53 s -> 66 s (grow in place, ~30 s)")
+    assert "later for this job alone" in grow
     assert "later for this job alone" not in Why(53.0, 40.0, 30.0).text()
+    alone = Why(53.0, 66.0, 0.05, change="grow", alone=True).text()
+    assert "all jobs" not in alone and "(grow in place, ~0.05 s)" in alone
 
 
 def test_a_job_that_waits_says_why_and_who_holds_the_slots():

@@ -70,7 +70,7 @@ TWO_EXPECTED = {
     # 20, may change again only after another epoch: at t=40 (6 000 done) it grows to 2: done at 50.
     "ones-paper": {"big": 50.0, "small": 25.0},
 }
-TWO_PARAMS = {"tiresias": {"queue_thresholds_gpu_s": (30.0,)}, "ones": {"restart_cost_s": 0.0, "min_hold_s": 0.0}}
+TWO_PARAMS = {"tiresias": {"queue_thresholds_gpu_s": (30.0,)}, "ones": {"min_hold_s": 0.0}}
 
 
 @pytest.mark.parametrize("policy, expected", TWO_EXPECTED.items())
@@ -88,7 +88,7 @@ def test_ones_keeps_a_job_it_just_started_for_min_hold_s():
     # valued by the prior, not by big's remembered step times (the simulator's model memory), as this trace assumes.
     jobs = [synthetic_job("big", 0, 8_000, requested_gpus=2),
             synthetic_job("small", 5, 1_000, requested_gpus=2, model="other")]
-    jct, _ = run("ones", jobs, gpus=2, restart_cost_s=0.0, min_hold_s=150.0)
+    jct, _ = run("ones", jobs, gpus=2, min_hold_s=150.0)
     assert jct == pytest.approx({"big": 40.0, "small": 40.0})
 
 

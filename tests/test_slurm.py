@@ -56,7 +56,7 @@ def write_project(root: Path, jobs: dict[str, str], grace: float = 15, pending_t
         f"launcher:\n  kind: slurm\n  grace_period_s: {grace}\n"
         f"  slurm: {{rank_device: cpu, pending_timeout_s: {pending_timeout}}}\n"
         "scheduler: {tick_interval_s: 3, decision_budget_s: 5, min_run_s: 10, retry_backoff_s: 2}\n"
-        "policy: {name: ones, params: {restart_cost_s: 10}}\n")
+        "policy: {name: ones}\n")
     for name, text in jobs.items():
         (root / "assets" / "jobs" / f"{name}.yaml").write_text(text)
     return root

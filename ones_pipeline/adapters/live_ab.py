@@ -30,10 +30,10 @@ import numpy as np
 
 from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
-from ones_pipeline.core.policies import make_policy
+from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
 from ones_pipeline.scheduler.runs import RunInfo
-from ones_pipeline.sim.change_costs import PRESETS
+from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
 
@@ -283,6 +283,12 @@ def sim_figures(result: SimResult) -> dict:
             "restarts": int(sum(r.restarts for r in result.jobs)), "jct_s": jct}
 
 
+# What a change costs in the live A/B (2 CPU slots, the subprocess launcher): a start and a restart the jobs'
+# own recorded start-up (``restart_cost_s``), a grow and a shrink in place as measured there (the ``live``
+# preset), for every policy: the live scheduler resizes in place whichever policy decided (issue 36).
+LIVE_CHANGE_COSTS = ChangeCosts(grow=PRESETS["live"].grow, shrink=PRESETS["live"].shrink, in_place=tuple(POLICIES))
+
+
 def simulate_policies(workload: Sequence[SimJob], policies: Sequence[str], slots: int, interval_s: float,
                       seed: int, params: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
     """``sim_figures`` per policy: one node of ``slots`` slots, a round every ``interval_s`` (the live tick);
@@ -291,9 +297,7 @@ def simulate_policies(workload: Sequence[SimJob], policies: Sequence[str], slots
     out = {}
     for name in policies:
         policy = make_policy(name, seed=seed, **dict((params or {}).get(name, {})))
-        # Every change a restart, nothing in place: the live scheduler resizes in place only once issue 36's
-        # control plane lands (the restart's cost: the jobs' own, ``restart_cost_s``).
-        config = SimConfig(interval_s=interval_s, change_costs=PRESETS["pollux"])
+        config = SimConfig(interval_s=interval_s, change_costs=LIVE_CHANGE_COSTS)
         result = simulate(workload, LiveViews(policy), cluster, config)
         out[name] = sim_figures(result)
     return out

@@ -43,6 +43,7 @@ from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_j
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.defs.slot_owner import job_ledgers
 from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, TickPlan, plan_tick, progress_wanted
+from ones_pipeline.scheduler.change_costs import change_events
 
 SENSOR_NAME = "ones_scheduler_sensor"
 
@@ -89,6 +90,8 @@ def _log_plan(context, plan: TickPlan, held: dict[str, str]) -> None:
         context.log.info(f"plan: cancel run {c.run_id} ({c.job} generation {c.generation}): {c.reason}")
     for r in plan.resizes:
         context.log.info(f"plan: resize run {r.run_id} in place ({r.job} generation {r.generation}): {r.reason}")
+    for job, why in sorted(plan.idle.items()):
+        context.log.info(f"{job} {why}")
     for job, why in plan.newly_failed.items():
         context.log.error(f"job {job} marked failed: {why}")
     for d in plan.decisions:
@@ -104,7 +107,7 @@ def _run_requests(plan: TickPlan) -> list[dg.RunRequest]:
 def _why_metadata(why) -> dict:
     if not why:
         return {}
-    out = {"restart_cost_s": dg.MetadataValue.float(float(why["restart_cost_s"]))}
+    out = {"change_cost_s": dg.MetadataValue.float(float(why["change_cost_s"]))}
     for key in ("remaining_before_s", "remaining_after_s"):
         if why.get(key) is not None:
             out[f"predicted_{key}"] = dg.MetadataValue.float(float(why[key]))
@@ -199,9 +202,10 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         context.log.warning(f"slot inventory unavailable: {exc}; tick skipped, nothing changed")
         return dg.SensorResult(skip_reason=f"slot inventory unavailable: {exc}; nothing changed this tick",
                                cursor=context.cursor)
+    wanted = progress_wanted(specs, finished, cursor)
     inputs = TickInputs(now=now, specs=specs, finished=frozenset(finished), runs=runs,
-                        progress=_progress(context, mlflow, progress_wanted(specs, finished, cursor)),
-                        slot_ids=slots.slot_ids,
+                        progress=_progress(context, mlflow, wanted), slot_ids=slots.slot_ids,
+                        change_events={job: change_events(env.layout.job_dir(job)) for job in sorted(wanted)},
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind,
                         policy_state=_saved_policy_state(context, env, cursor),
                         ledgers=job_ledgers(runs, env.job_state_dir, finished))

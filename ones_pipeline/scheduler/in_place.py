@@ -31,6 +31,12 @@ CHECKPOINT = "checkpoint"
 LAUNCHERS = ("subprocess", "docker", "slurm")
 
 
+def resizes_in_place(launcher: str, device: str) -> bool:
+    """Whether ``launcher`` changes a running generation's slots in place on ``device`` slots at all (module
+    docstring): subprocess always, Docker on CPU slots, Slurm never."""
+    return launcher == "subprocess" or (launcher == "docker" and device != "gpu")
+
+
 def not_in_place(launcher: str, device: str, before: Sequence[int], after: Sequence[int], status: str) -> str | None:
     """Why the change of a running generation from slots ``before`` to ``after`` (ids, rank order) cannot be
     made in place by ``launcher``; None: it can. ``status``: its run's Dagster status."""
@@ -42,10 +48,9 @@ def not_in_place(launcher: str, device: str, before: Sequence[int], after: Seque
         return "same slots (a change of batch alone)"
     if status != "STARTED":
         return f"its run is {status.lower()}, not started"
-    if launcher == "slurm":
-        return "a Slurm job's nodes and tasks are fixed when it starts"
-    if launcher == "docker" and device == "gpu":
-        return "a container holds exactly the GPUs it was created with"
+    if not resizes_in_place(launcher, device):
+        return ("a Slurm job's nodes and tasks are fixed when it starts" if launcher == "slurm" else
+                "a container holds exactly the GPUs it was created with")
     return in_place_reason(device, list(before), list(after))
 
 

@@ -2,12 +2,13 @@
 
 For a job whose allocation changes, the scheduler's own throughput model (``core.estimates``: the job's
 fitted throughput, its noise scale, its remaining work) predicts how long the job still needs at its old
-size and at its new one; the restart a change costs (what the policy charges for one: ``restart_cost_s``
-of ``ones``, ``restart_penalty_s`` of ``pollux``/``sia``, else the default below) is added to the new one.
-A change that leaves the job itself later (a grow whose restart costs more than it saves) says so: the
-policy decided for all jobs. A shrink or preemption names the jobs its slots go to. Policy-independent:
-the same numbers whichever policy decided. The predictions are the scheduler's, not a promise: the
-throughput fit is only as good as the configurations the job has run in.
+size and at its new one; what that kind of change costs where it runs (``JobView.change_costs``, measured
+by the deployment: a start, a grow or shrink in place, a restart through a checkpoint) is added to the new
+one and named ("grow in place, ~0.1 s"). A change that leaves the job itself later says so: the policy
+decided for all jobs (or, alone, by its own goodput model). A shrink or preemption names the jobs its slots
+go to. Slots left idle beside a running job that could use them are explained too (``idle_reasons``).
+Policy-independent: the same numbers whichever policy decided. The predictions are the scheduler's, not a
+promise: the throughput fit is only as good as the configurations the job has run in.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ import numpy as np
 
 from ones_pipeline.core.estimates import goodput_of, noise_scales, remaining_work
 from ones_pipeline.core.goodput import GoodputModel
-from ones_pipeline.core.types import Allocation, Cluster, JobView, Schedule
+from ones_pipeline.core.types import Allocation, Cluster, JobStatus, JobView, Schedule
 
-DEFAULT_RESTART_COST_S = 30.0  # a generation's start-up (process start, model build, checkpoint load)
+UNKNOWN_COST_S = 30.0  # what a change is taken to cost where the job's view gives no figure
+# the words for each kind of change (``sim.change_costs.KINDS``) in a reason
+KIND_WORDS = {"start": "start-up", "restart": "restart from a checkpoint", "grow": "grow in place",
+              "shrink": "shrink in place"}
 
 
 @dataclass(frozen=True)
@@ -29,20 +33,24 @@ class Why:
     """The numbers behind one decision (times in seconds; None where they do not apply)."""
 
     remaining_before_s: float | None  # predicted time to finish at the old allocation (None: it had none)
-    remaining_after_s: float | None  # ... at the new one, restart included (None: it waits)
-    restart_cost_s: float
+    remaining_after_s: float | None  # ... at the new one, the change's cost included (None: it waits)
+    change_cost_s: float  # what this kind of change costs the job where it runs (0: none now)
     frees_for: tuple[str, ...] = ()  # jobs that get slots this job gives up
+    change: str = "restart"  # its kind (``sim.change_costs.KINDS``; "" when it only stops)
+    alone: bool = False  # the only active job
 
     def text(self) -> str:
         parts = []
         before, after = self.remaining_before_s, self.remaining_after_s
+        cost = f"{KIND_WORDS.get(self.change, self.change)}, ~{_cost(self.change_cost_s)}"
         if before is not None and after is not None:
-            parts.append(f"predicted to finish in {_dur(before)} -> {_dur(after)}")
-            parts.append(f"incl. {self.restart_cost_s:.0f} s restart")
+            parts.append(f"predicted to finish in {_dur(before)} -> {_dur(after)} ({cost})")
             if after > before:  # the policy weighs every job's completion (and idle slots), not this one's
-                parts.append("later for this job alone; the policy expects a lower mean over all jobs")
+                parts.append("later by the scheduler's estimate; the policy's own goodput model predicts sooner"
+                             if self.alone else "later for this job alone; the policy expects a lower mean over "
+                             "all jobs")
         elif after is not None:
-            parts.append(f"predicted to finish in {_dur(after)} (incl. {self.restart_cost_s:.0f} s start-up)")
+            parts.append(f"predicted to finish in {_dur(after)} ({cost})")
         elif before is not None:
             parts.append(f"it waits; it would have finished in {_dur(before)}")
         if self.frees_for:
@@ -51,26 +59,24 @@ class Why:
 
     def to_dict(self) -> dict:
         return {"remaining_before_s": _round(self.remaining_before_s),
-                "remaining_after_s": _round(self.remaining_after_s), "restart_cost_s": self.restart_cost_s,
-                "frees_for": list(self.frees_for)}
+                "remaining_after_s": _round(self.remaining_after_s), "change": self.change,
+                "change_cost_s": self.change_cost_s, "frees_for": list(self.frees_for)}
 
 
-def policy_restart_cost(policy) -> float | None:
-    """The restart cost the policy's own objective charges (None: it charges none we know of)."""
-    for owner, name in ((getattr(policy, "config", None), "restart_cost_s"), (policy, "restart_penalty_s")):
-        value = getattr(owner, name, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    return None
+def _cost(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s" if seconds >= 0.95 else f"{seconds:.2f} s"
 
 
-def _restart_charge(policy, cap: float, time_left_s: float | None) -> float:
-    """What the policy charges this job for the change: ``ones``'s own scaled charge
-    (``OnesParams.change_cost``), else the flat ``cap``."""
-    change_cost = getattr(getattr(policy, "config", None), "change_cost", None)
-    if change_cost is None or time_left_s is None:
-        return cap
-    return float(change_cost(time_left_s))
+def change_kind(view: JobView, before: Sequence[int], after: Sequence[int], in_place: bool) -> str:
+    """The kind of the change of ``view``'s job from slots ``before`` to ``after``, made in place or not: a
+    start (its first) or a restart from its checkpoint when it held nothing, "" when it stops."""
+    if not after:
+        return ""
+    if not before:
+        return "restart" if view.max_gpus_seen > 0 or view.status is JobStatus.PAUSED else "start"
+    if not in_place:
+        return "restart"
+    return "grow" if len(after) > len(before) else "shrink"
 
 
 def _round(x: float | None) -> float | None:
@@ -95,28 +101,29 @@ def _time_left(params, gns, view: JobView, work: float, alloc: Allocation | None
 
 
 def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: Schedule, jobs: Sequence[str],
-            policy=None) -> dict[str, Why]:
+            in_place: Mapping[str, bool] | None = None) -> dict[str, Why]:
     """``Why`` for each of ``jobs`` (the ones whose allocation changes), from the policy's view of all;
-    ``policy``: the deciding policy, whose own restart charge is quoted (``policy_restart_cost``)."""
+    ``in_place``: job -> whether its change is made in place (absent: not)."""
     by_name = {v.name: i for i, v in enumerate(views)}
     wanted = [j for j in jobs if j in by_name]
     if not wanted:
         return {}
     subset = [views[by_name[j]] for j in wanted]
     params, gns, work = GoodputModel().prior(subset), noise_scales(subset), remaining_work(subset)
-    restart_cost_s = policy_restart_cost(policy)
-    cost = DEFAULT_RESTART_COST_S if restart_cost_s is None else restart_cost_s
     out = {}
     for i, job in enumerate(wanted):
         p = params.select(i)
-        before = _time_left(p, gns[i], subset[i], work[i], current.allocations.get(job), cluster)
-        after = _time_left(p, gns[i], subset[i], work[i], new.allocations.get(job), cluster)
-        job_cost = _restart_charge(policy, cost, before if before is not None else after)
+        old, alloc = current.allocations.get(job), new.allocations.get(job)
+        before = _time_left(p, gns[i], subset[i], work[i], old, cluster)
+        after = _time_left(p, gns[i], subset[i], work[i], alloc, cluster)
+        kind = change_kind(subset[i], old.gpus if old else (), alloc.gpus if alloc else (),
+                           bool((in_place or {}).get(job)))
+        cost = float(subset[i].change_costs.get(kind, UNKNOWN_COST_S)) if kind else 0.0
         if after is not None:
-            after += job_cost
+            after += cost
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))
         frees = tuple(sorted(o for o, a in new.allocations.items() if o != job and given_up & set(a.gpus)))
-        out[job] = Why(before, after, round(job_cost, 1), frees)
+        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1)
     return out
 
 
@@ -127,3 +134,61 @@ def waiting_reason(job: str, holders: Mapping[str, Sequence[int]], free: Sequenc
         return f"waiting: no free slots; held by {held}" if held else "waiting: no slots in the inventory"
     return (f"waiting: {len(free)} slot(s) free ({device} {','.join(map(str, free))}) but the policy ranks "
             "other jobs first or this job's next size does not fit")
+
+
+def waiting_reasons(new: Schedule, active: Sequence[str], slot_ids: Sequence[int], device: str) -> dict[str, str]:
+    """Why each active job without an allocation in ``new`` waits (``waiting_reason``)."""
+    holders = {j: tuple(slot_ids[i] for i in a.gpus) for j, a in new.allocations.items() if a.gpus}
+    taken = {s for slots in holders.values() for s in slots}
+    free = [s for s in slot_ids if s not in taken]
+    return {job: waiting_reason(job, holders, free, device) for job in active if job not in holders}
+
+
+def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held: Mapping[str, str]) -> dict[str, str]:
+    """Why each running job that could use more slots (its cap) is left beside slots ``new`` leaves idle: its
+    run is held (``held``: job -> why), or the scheduler's estimate of its time left on the idle slots too,
+    a grow in place included (no sooner: nothing to gain; sooner: the policy's own goodput model disagrees)."""
+    free = [g for g in range(cluster.num_gpus) if g not in {s for a in new.allocations.values() for s in a.gpus}]
+    out: dict[str, str] = {}
+    if not free:
+        return out
+    running = [v for v in views if new.gpus_of(v.name) and len(new.gpus_of(v.name)) < min(v.spec.gpu_cap,
+                                                                                         cluster.num_gpus)]
+    if not running:
+        return out
+    params, gns, work = GoodputModel().prior(running), noise_scales(running), remaining_work(running)
+    for i, v in enumerate(running):
+        alloc = new.allocations[v.name]
+        n, k = len(alloc.gpus), min(len(free), v.spec.gpu_cap - len(alloc.gpus))
+        idle = f"{len(free)} slot(s) idle beside it"
+        if v.name in held:
+            out[v.name] = f"{idle}: {held[v.name]}"
+            continue
+        batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
+        more = Allocation(v.name, tuple(alloc.gpus) + tuple(free[:k]), batch, alloc.lr)
+        now = _time_left(params.select(i), gns[i], v, work[i], alloc, cluster)
+        grown = _time_left(params.select(i), gns[i], v, work[i], more, cluster)
+        if now is None or grown is None:
+            continue
+        grown += float(v.change_costs.get("grow", UNKNOWN_COST_S))
+        verdict = ("no sooner there" if grown >= now else
+                   "sooner by the scheduler's estimate, but the policy's own goodput model expects less of them")
+        out[v.name] = (f"{idle}: predicted to finish in {_dur(now)} on {n}, {_dur(grown)} on {n + k} incl. the "
+                       f"grow; {verdict}")
+    return out
+
+
+def describe_change(before: Sequence[int], after: Sequence[int], resumed: bool, spec_changed: bool) -> str:
+    """What a decision does to a job, in the words its decision record starts with: the slots it held
+    ``before`` and holds ``after``, whether it ran before (``resumed``) and whether its spec changed."""
+    if spec_changed and before:
+        return "spec changed: restart with the new spec"
+    if not before and after:
+        return "resume from checkpoint" if resumed else "start"
+    if before and not after:
+        return "preempt (checkpoint, wait for GPUs)"
+    if len(after) > len(before):
+        return f"grow {len(before)} -> {len(after)}"
+    if len(after) < len(before):
+        return f"shrink {len(before)} -> {len(after)}"
+    return "move to other slots"

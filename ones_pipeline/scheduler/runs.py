@@ -281,6 +281,7 @@ class TickPlan:
     newly_failed: dict[str, str] = field(default_factory=dict)  # job -> reason
     quarantined: dict[str, str] = field(default_factory=dict)  # job whose spec the tick refused -> reason
     waiting: dict[str, str] = field(default_factory=dict)  # job without slots -> why it waits
+    idle: dict[str, str] = field(default_factory=dict)  # running job beside idle slots it could use -> why
     policy_state: dict[str, Any] = field(default_factory=dict)  # the search state after this tick
     policy_ref: str = ""  # its name (a hash of it): the file the apply run writes it to
     decide_s: float = 0.0  # wall time of the policy

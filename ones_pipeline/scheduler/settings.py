@@ -9,23 +9,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ones_pipeline.config import EnvConfig
 
-# ``ones``' churn charge in a live deployment unless its params set ``restart_cost_s``: about what a restart
-# costs there (a run's creation to its first progress: 20-35 s on this machine, ``benchmarks/live_ab.py``).
-# The policy's own default, 120 s, is tuned for the simulator's 30 s restarts and hour-long jobs; live jobs
-# of minutes lose to fifo under it (a replayed live mix: 1.34x fifo's mean JCT at 120 s, 0.75x at 30 s;
-# live at 30 s: 0.74x; docs/ones_policy.md, "The 11 options" (2)).
-LIVE_RESTART_COST_S = 30.0
-
-
 def live_policy_params(policy: str, params: Mapping[str, Any], decision_budget_s: float | None = None) -> dict:
-    """``params`` with what a live deployment adds unless they set it: for ``ones``, ``LIVE_RESTART_COST_S`` as
-    its churn charge (its hold follows: ``OnesParams.hold_s``) and, when given, the tick's decision budget as
-    its search's time budget. The live A/B's prediction uses it without the budget (reproducible)."""
+    """``params`` with what a live deployment adds unless they set it: for ``ones``, when given, the tick's
+    decision budget as its search's time budget. (Its churn charge follows what the deployment measured its
+    changes to cost: ``scheduler.change_costs``.) The live A/B's prediction uses it without the budget."""
     out = dict(params)
-    if policy == "ones":
-        if decision_budget_s is not None:
-            out.setdefault("time_budget_s", decision_budget_s)
-        out.setdefault("restart_cost_s", LIVE_RESTART_COST_S)
+    if policy == "ones" and decision_budget_s is not None:
+        out.setdefault("time_budget_s", decision_budget_s)
     return out
 
 

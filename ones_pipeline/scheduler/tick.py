@@ -42,9 +42,10 @@ from ones_pipeline.core.types import (
     ThroughputObs,
     lr_for_batch,
 )
+from ones_pipeline.scheduler import change_costs
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.in_place import CHECKPOINT, IN_PLACE, not_in_place, rank_order
-from ones_pipeline.scheduler.rationale import explain, waiting_reason
+from ones_pipeline.scheduler.in_place import CHECKPOINT, IN_PLACE, not_in_place, rank_order, resizes_in_place
+from ones_pipeline.scheduler.rationale import describe_change, explain, idle_reasons, waiting_reasons
 from ones_pipeline.scheduler.runs import (
     ENDED_BAD,
     Cancel,
@@ -82,6 +83,8 @@ class TickInputs:
     policy_state: Mapping[str, Any] | None = None
     device: str = "cpu"  # what the slots are: "gpu" or "cpu"
     ledgers: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)  # job -> slot ledger rows
+    # job -> its events that measure what its changes cost (``change_costs.change_events``; the cursor keeps them)
+    change_events: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.slot_ids) != self.cluster.num_gpus:
@@ -104,6 +107,8 @@ class _State:
     # run id -> [when a committed tick asked it to change in place, its new slot ids]: its slots until its
     # tags show them (the apply run sets them), so later ticks neither decide the change again nor undo it
     resizing: dict[str, list] = field(default_factory=dict)
+    # kind of change -> [when, seconds] rows this deployment measured, newest last (``change_costs.remember``)
+    change_costs: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
@@ -111,7 +116,8 @@ class _State:
                    dict(cursor.get("launch_epochs", {})), dict(cursor.get("cancelling", {})),
                    {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()},
                    {m: list(v) for m, v in cursor.get("model_gns", {}).items()},
-                   {r: list(v) for r, v in cursor.get("resizing", {}).items()})
+                   {r: list(v) for r, v in cursor.get("resizing", {}).items()},
+                   {k: [list(r) for r in rows] for k, rows in cursor.get("change_costs", {}).items()})
 
     def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
         """Keep ``obs`` as the newest step times of ``model`` (``core.model_memory.remember``)."""
@@ -144,14 +150,18 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
     state = _State.from_cursor(inputs.cursor)
     quarantine(inputs, state, plan)
     current = current_schedule(inputs, state, plan)
+    for job, events in sorted(inputs.change_events.items()):  # what the changes the jobs' events show cost
+        change_costs.remember(state.change_costs, change_costs.measure(job, events, current.by_job.get(job, [])))
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    new = hold_young_runs(new, in_force, {j: r for j, r in current.runs.items() if j in in_force.allocations and
-                                          inputs.now - max(r.changed_s, state.resizing.get(r.run_id, [0.0])[0])
-                                          < settings.min_hold_s})
+    young = {j: r for j, r in current.runs.items() if j in in_force.allocations and
+             inputs.now - max(r.changed_s, state.resizing.get(r.run_id, [0.0])[0]) < settings.min_hold_s}
+    new = hold_young_runs(new, in_force, young)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
-                                 views, policy)
-    plan.waiting = waiting_jobs(inputs, new, [v.name for v in views])
+                                 views)
+    plan.waiting = waiting_reasons(new, [v.name for v in views], inputs.slot_ids, inputs.device)
+    plan.idle = idle_reasons(views, inputs.cluster, new, {j: f"its run changed less than {settings.min_hold_s:.0f} s "
+                                                          "ago (min_run_s)" for j in young})
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
     plan.cursor = _cursor(inputs, policy, state, [v.name for v in views])
@@ -247,6 +257,8 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
     failure), and the running jobs whose spec file changed."""
     views: list[JobView] = []
     spec_changed: set[str] = set()
+    # what each kind of change costs here: measured, else the prior; a restart where the launcher cannot resize
+    costs = change_costs.costs(state.change_costs, resizes_in_place(settings.launcher, inputs.device))
     for job, pr in inputs.progress.items():  # remembered for later jobs of the same model
         if pr.throughput_obs and job in inputs.specs:
             state.remember(inputs.specs[job].model, pr.throughput_obs)
@@ -262,7 +274,7 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
         rs = current.by_job.get(job, [])
         if job not in current.allocations and _backing_off(inputs.now, job, rs, settings, state, plan):
             continue
-        views.append(_view(inputs, job, spec, rs, current, state))
+        views.append(_view(inputs, job, spec, rs, current, state, costs))
     return views, spec_changed
 
 
@@ -290,7 +302,7 @@ def _backing_off(now: float, job: str, runs: Sequence[RunInfo], settings: Schedu
 
 
 def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], current: _Current,
-          state: _State) -> JobView:
+          state: _State, costs: Mapping[str, float]) -> JobView:
     pr = inputs.progress.get(job, ProgressInfo())
     ran = [r for r in runs if r.start_s is not None]
     status = JobStatus.RUNNING if job in current.allocations else JobStatus.PAUSED if ran else JobStatus.PENDING
@@ -308,7 +320,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         epochs_at_last_change=state.launch_epochs.get(job, 0.0),
         max_gpus_seen=max((len(r.slot_ids) for r in ran), default=0),
         model_obs=state.prior_obs(spec.model),
-        model_gns=None if pr.throughput_obs else state.prior_gns(spec.model))
+        model_gns=None if pr.throughput_obs else state.prior_gns(spec.model), change_costs=dict(costs))
 
 
 def policy_ref(state: Mapping[str, Any]) -> str:
@@ -368,20 +380,6 @@ def _batch_change(before: Allocation | None, after: Allocation | None) -> bool:
             and not after.batch_tuned_by_job)
 
 
-def _describe(before: Sequence[int], after: Sequence[int], resumed: bool, spec_changed: bool) -> str:
-    if spec_changed and before:
-        return "spec changed: restart with the new spec"
-    if not before and after:
-        return "resume from checkpoint" if resumed else "start"
-    if before and not after:
-        return "preempt (checkpoint, wait for GPUs)"
-    if len(after) > len(before):
-        return f"grow {len(before)} -> {len(after)}"
-    if len(after) < len(before):
-        return f"shrink {len(before)} -> {len(after)}"
-    return "move to other slots"
-
-
 def done_training(inputs: TickInputs, job: str) -> bool:
     """MLflow shows the job's whole sample budget trained (an epochs or samples rule): its run is ending and
     will materialize; a new allocation would pay a start-up to train nothing."""
@@ -410,28 +408,33 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
 
 def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings, current: _Current, new: Schedule,
                                  active: set[str], spec_changed: set[str], state: _State, plan: TickPlan,
-                                 views: Sequence[JobView] = (), policy=None) -> None:
+                                 views: Sequence[JobView] = ()) -> None:
     """Change the slots of a running job in place where its launcher can (``scheduler.in_place``: a ``Resize``
     of its run, same generation); otherwise cancel its run and launch its new allocation as the next
     generation; one decision record per change, with its path and the numbers behind it (``rationale``)."""
     ids = inputs.slot_ids
     changed_jobs = _changed_jobs(inputs, current, new, active, spec_changed)
+
+    def slot_ids(alloc: Allocation | None) -> tuple[int, ...]:
+        return tuple(ids[i] for i in alloc.gpus) if alloc else ()
+
+    blocked = {job: not_in_place(settings.launcher, inputs.device, slot_ids(current.allocations[job]),
+                                 slot_ids(new.allocations[job]), current.runs[job].status) for job in changed_jobs
+               if job in current.allocations and job in new.allocations and job not in spec_changed}
     whys = explain(views, inputs.cluster, Schedule(dict(current.allocations)), new, changed_jobs,
-                   policy) if views else {}
+                   {j: b is None for j, b in blocked.items()}) if views else {}
     for job in changed_jobs:
         before, after = current.allocations.get(job), new.allocations.get(job)
         run = current.runs.get(job)
         if before is not None and _cancel_pending(inputs, state, run.run_id):
             continue  # an earlier tick's apply run is cancelling it (and launched the next generation): not again
-        before_ids = tuple(ids[i] for i in before.gpus) if before else ()
-        after_ids = tuple(ids[i] for i in after.gpus) if after else ()
-        reason = _describe(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
+        before_ids, after_ids = slot_ids(before), slot_ids(after)
+        reason = describe_change(before_ids, after_ids, bool(current.by_job.get(job)), job in spec_changed)
         path = CHECKPOINT if before is not None else ""
-        if before is not None and after is not None and job not in spec_changed:
-            blocked = not_in_place(settings.launcher, inputs.device, before_ids, after_ids, run.status)
-            path = CHECKPOINT if blocked else IN_PLACE
-            reason += " in place" if not blocked else f" through a checkpoint ({blocked})"
-            if not blocked:
+        if job in blocked:
+            path = CHECKPOINT if blocked[job] else IN_PLACE
+            reason += " in place" if not blocked[job] else f" through a checkpoint ({blocked[job]})"
+            if not blocked[job]:
                 after_ids = rank_order(inputs.device, before_ids, after_ids)
         why = whys.get(job)
         if why is not None and why.text():
@@ -468,16 +471,6 @@ def _start_batch(spec: JobSpec, after: Allocation, n: int) -> int:
     return min(batch, spec.max_per_gpu_batch * n) if spec.max_per_gpu_batch is not None else batch
 
 
-def waiting_jobs(inputs: TickInputs, new: Schedule, active: Sequence[str]) -> dict[str, str]:
-    """Why each active job without an allocation waits: no free slot (and which jobs hold them), or the
-    policy keeps it queued although slots are free."""
-    ids = inputs.slot_ids
-    holders = {j: tuple(ids[i] for i in a.gpus) for j, a in new.allocations.items() if a.gpus}
-    taken = {s for slots in holders.values() for s in slots}
-    free = [s for s in ids if s not in taken]
-    return {job: waiting_reason(job, holders, free, inputs.device) for job in active if job not in holders}
-
-
 def _cursor(inputs: TickInputs, policy: Policy, state: _State, viewed: Sequence[str] = ()) -> dict[str, Any]:
     live_jobs = set(inputs.specs) | set(inputs.finished)
     return {
@@ -490,5 +483,6 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State, viewed: Sequence[
         "model_obs": state.model_obs,
         "model_gns": state.model_gns,
         "resizing": {r: v for r, v in state.resizing.items() if inputs.now - v[0] < CANCEL_PENDING_S},
+        "change_costs": state.change_costs,  # what each kind of change measured here (``measure_changes``)
         "viewed": sorted(viewed),  # jobs this tick's policy saw: the next tick reads the finished ones' progress
     }

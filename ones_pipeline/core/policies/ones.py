@@ -16,8 +16,10 @@ and resizing, repair, truncation selection), but:
 * the population is one ``(population, jobs)`` array of GPU counts, evaluated vectorised, warm-started
   from the previous round's population (remapped by job name), the current schedule and a greedy
   seed; generations per round are fixed (deterministic) and optionally bounded by a wall-clock budget;
-* a job this policy changed keeps its count for a hold, so that it is not started, stopped and started
-  again on consecutive rounds.
+* a change is charged by what that kind of change costs the job where it runs (``JobView.change_costs``:
+  a start, a grow or shrink in place, a restart through a checkpoint; ``change_charge``), and a job this
+  policy changed keeps its count for a hold in proportion to what its next change would cost, so that it
+  is not started, stopped and started again on consecutive rounds.
 
 The parameters are ``OnesParams``, checked in one place; ``OnesPolicy(seed=..., **params)`` takes them as
 keywords. What the options deleted from it taught is in docs/ones_policy.md.
@@ -46,10 +48,20 @@ from ones_pipeline.core.policies.ones_goodput import (
     tuned_schedule,
     tuned_table,
 )
-from ones_pipeline.core.types import Cluster, JobView, Schedule
+from ones_pipeline.core.types import Cluster, JobStatus, JobView, Schedule
 
-# The default hold, in multiples of the churn charge ``restart_cost_s``: a job ones changed keeps its count
-# somewhat longer than the most a change is charged (150 s at the 120 s default, tuned in the simulator).
+# The churn charge of a change (``change_charge``): CHARGE_PER_COST x what that kind of change costs the job,
+# at most; CHARGE_SHARE_OF_LEFT x the job's predicted time left where that is less, but never less than the
+# cost itself. More than the cost, because the fitness credits a change with its benefit until the horizon
+# though the allocation is revisited every round: 4 x the Pollux simulator's 30 s per change is the 120 s that
+# was tuned there (docs/ones_policy.md, "What a change is charged"). One rule for every kind and environment.
+CHARGE_PER_COST = 4.0
+CHARGE_SHARE_OF_LEFT = 0.5
+# What a change is assumed to cost where the environment has measured nothing (``JobView.change_costs``
+# empty, or a kind missing): the Pollux simulator's cost of every reallocation.
+UNKNOWN_CHANGE_COST_S = 30.0
+# The default hold, in multiples of the most the job's cheapest next change is charged: a job ones changed
+# keeps its count somewhat longer than that (150 s where every change costs 30 s, tuned in the simulator).
 HOLD_PER_CHARGE = 1.25
 # The search's operators, per child: uniform crossover with probability CROSSOVER_P per job; expected job
 # removals REMOVAL_P and resizes (x2 or /2, equally likely) RESIZE_P per 4 jobs.
@@ -63,21 +75,19 @@ class OnesParams(PolicyParams):
 
     ``population`` individuals kept between rounds; ``generations`` per decision, stopped early by
     ``time_budget_s`` when given (live sensors; the simulator leaves it off so decisions are reproducible).
-    ``restart_cost_s``: the churn charge of a job whose GPU count changes, larger than the 30 s a restart
-    costs in the simulator because the fitness credits a change with its benefit until the horizon though
-    the allocation is revisited every round; with ``restart_cost_fraction`` f > 0, at most f x the job's
-    predicted time left and at least ``restart_cost_floor_s`` (a short job's change is not charged as much
-    as an hour-long job's). ``gpu_time_weight`` x active jobs x overload (how far the active jobs' requests
-    exceed the cluster, clipped to [0, 1]) per cluster-second of GPU time spent beyond the job's most
-    GPU-efficient size (0: off). ``horizon_s`` of the fitness (``OnesContext.fitness``); a job still
+    A change of a job's GPU count is charged ``change_charge`` of what that kind of change costs it
+    (``JobView.change_costs``), no option. ``gpu_time_weight`` x active jobs x overload (how far the active
+    jobs' requests exceed the cluster, clipped to [0, 1]) per cluster-second of GPU time spent beyond the
+    job's most GPU-efficient size (0: off). ``horizon_s`` of the fitness (``OnesContext.fitness``); a job still
     running there counts (1 - ``tail_chain_plain``) x the lower bound's relaxations applied to its leftover
     (``OnesContext._chain_tail``) plus ``tail_chain_plain`` x its leftover at its request's goodput.
     ``min_hold_s``: a running job whose GPU count this policy changed (or which it started) less than this
-    long ago keeps that count (``DecisionInputs.locked``); null (the default): ``HOLD_PER_CHARGE`` x
-    ``restart_cost_s`` (``hold_s``). ``wait_weight`` k (null: off): each job's completion term counts
-    ``1 + waited / (k x left)`` times, ``waited`` the time since its submission that it has held no GPUs
-    and ``left`` its predicted time left at its requested count, so that a job kept waiting long against its
-    own size is not deferred again and again for jobs that would finish sooner.
+    long ago keeps that count (``DecisionInputs.locked``); null (the default): ``HOLD_PER_CHARGE`` x the most
+    its cheapest next change (grow, shrink or restart) is charged (``hold_s``). ``wait_weight`` k (null:
+    off): each job's completion term counts ``1 + waited / (k x left)`` times, ``waited`` the time since its
+    submission that it has held no GPUs and ``left`` its predicted time left at its requested count, so that
+    a job kept waiting long against its own size is not deferred again and again for jobs that would finish
+    sooner.
     """
 
     policy = "ones"
@@ -85,30 +95,19 @@ class OnesParams(PolicyParams):
     population: int = 24
     generations: int = 30
     time_budget_s: float | None = None
-    restart_cost_s: float = 120.0
-    restart_cost_fraction: float = 0.5
-    restart_cost_floor_s: float = 30.0
     gpu_time_weight: float = 0.5
     horizon_s: float = 1800.0
     tail_chain_plain: float = 0.3
     min_hold_s: float | None = None
     wait_weight: float | None = 1.0
 
-    @property
-    def hold_s(self) -> float:
-        """The hold in effect: ``min_hold_s``, or ``HOLD_PER_CHARGE`` x ``restart_cost_s`` when that is null."""
-        return HOLD_PER_CHARGE * self.restart_cost_s if self.min_hold_s is None else self.min_hold_s
-
-    def change_cost(self, time_left_s):
-        """The churn charge of changing a job with ``time_left_s`` predicted left (scalar or array):
-        ``restart_cost_s``, or with ``restart_cost_fraction`` that fraction of the time left, clipped to
-        [``restart_cost_floor_s``, ``restart_cost_s``]. The scheduler's reasons quote the same figure."""
-        left = np.asarray(time_left_s, dtype=float)
-        if self.restart_cost_fraction <= 0:
-            return np.full(left.shape, self.restart_cost_s)
-        left = np.where(np.isfinite(left), left, np.inf)
-        return np.clip(self.restart_cost_fraction * left, min(self.restart_cost_floor_s, self.restart_cost_s),
-                       self.restart_cost_s)
+    def hold_s(self, costs: Mapping[str, float] | None = None) -> float:
+        """The hold of a job whose changes cost ``costs`` (``JobView.change_costs``): ``min_hold_s``, or when
+        that is null ``HOLD_PER_CHARGE`` x the most its cheapest next change is charged."""
+        if self.min_hold_s is not None:
+            return self.min_hold_s
+        c = kind_costs(costs)
+        return HOLD_PER_CHARGE * CHARGE_PER_COST * min(c["grow"], c["shrink"], c["restart"])
 
     def __post_init__(self) -> None:
         n = self.policy
@@ -117,9 +116,6 @@ class OnesParams(PolicyParams):
             generations=check_int(n, "generations", self.generations, 0),
             time_budget_s=(None if self.time_budget_s is None else
                            check_float(n, "time_budget_s", self.time_budget_s, 0.0, strict_min=True)),
-            restart_cost_s=check_float(n, "restart_cost_s", self.restart_cost_s, 0.0),
-            restart_cost_fraction=check_float(n, "restart_cost_fraction", self.restart_cost_fraction, 0.0),
-            restart_cost_floor_s=check_float(n, "restart_cost_floor_s", self.restart_cost_floor_s, 0.0),
             gpu_time_weight=check_float(n, "gpu_time_weight", self.gpu_time_weight, 0.0),
             horizon_s=check_float(n, "horizon_s", self.horizon_s, 0.0, strict_min=True),
             tail_chain_plain=check_probability(n, "tail_chain_plain", self.tail_chain_plain),
@@ -131,17 +127,45 @@ class OnesParams(PolicyParams):
             object.__setattr__(self, name, value)
 
 
-def _change_costs(c: OnesParams, table: np.ndarray, remaining: np.ndarray, cur: np.ndarray, need: np.ndarray,
-                  cur_rate: np.ndarray) -> np.ndarray:
-    """(J,) the churn charge of changing each job's count (``OnesParams.change_cost``) from its predicted time
-    left at its current count (on its real placement), or its requested one when queued. The charge exists
-    so that long jobs are not resized round after round; a job with two minutes left that pays two minutes
-    for any change is never moved for the short jobs queued behind it (seen in the live A/B mix: ones kept a
-    long job on both slots while five short ones queued, 1.57x fifo's mean JCT in the simulator)."""
+def kind_costs(costs: Mapping[str, float] | None) -> dict[str, float]:
+    """Seconds per kind of change (start, grow, shrink, restart) from ``JobView.change_costs``, each kind it
+    does not give ``UNKNOWN_CHANGE_COST_S``."""
+    costs = costs or {}
+    return {k: float(costs.get(k, UNKNOWN_CHANGE_COST_S)) for k in ("start", "grow", "shrink", "restart")}
+
+
+def change_charge(cost_s, time_left_s):
+    """The churn charge of a change that costs ``cost_s`` to a job with ``time_left_s`` predicted left (scalars
+    or arrays): ``CHARGE_SHARE_OF_LEFT`` x the time left, within [``cost_s``, ``CHARGE_PER_COST`` x ``cost_s``]
+    (a short job's change is not charged as much as an hour-long job's). The scheduler's reasons quote it."""
+    cost = np.asarray(cost_s, dtype=float)
+    left = np.asarray(time_left_s, dtype=float)
+    left = np.where(np.isfinite(left), left, np.inf)
+    return np.clip(CHARGE_SHARE_OF_LEFT * left, cost, CHARGE_PER_COST * cost)
+
+
+def _charges(jobs: Sequence[JobView], table: np.ndarray, remaining: np.ndarray, cur: np.ndarray, need: np.ndarray,
+             cur_rate: np.ndarray) -> np.ndarray:
+    """(J, N+1) the churn charge of giving each job n GPUs (``change_charge`` of that kind of change), from its
+    predicted time left at its current count (on its real placement), or its requested one when queued; 0
+    where its count stays; column 0: the charge of its start after it waits. The charge exists so that long
+    jobs are not resized round after round; a job with two minutes left that pays two minutes for any change
+    is never moved for the short jobs queued behind it (seen in the live A/B mix: ones kept a long job on
+    both slots while five short ones queued, 1.57x fifo's mean JCT in the simulator)."""
+    J, width = table.shape
     n = np.where(cur > 0, cur, np.maximum(need, 1))
-    rate = table[np.arange(len(cur)), np.minimum(n, table.shape[1] - 1)]
+    rate = table[np.arange(J), np.minimum(n, width - 1)]
     rate = np.where((cur > 0) & (cur_rate > 0), cur_rate, rate)
-    return c.change_cost(remaining / np.maximum(rate, 1e-12))
+    left = remaining / np.maximum(rate, 1e-12)
+    costs = [kind_costs(j.change_costs) for j in jobs]
+    charge = {k: change_charge([c[k] for c in costs], left) for k in ("start", "grow", "shrink", "restart")}
+    # a queued job starts, or restarts from its checkpoint when it has run before
+    started = np.array([j.max_gpus_seen > 0 or j.status is JobStatus.PAUSED for j in jobs], dtype=bool)
+    resume = np.where(started, charge["restart"], charge["start"])[:, None]
+    n, held = np.arange(width)[None, :], cur[:, None]
+    running = np.where(n == 0, charge["restart"][:, None], np.where(
+        n > held, charge["grow"][:, None], np.where(n < held, charge["shrink"][:, None], 0.0)))
+    return np.where(held > 0, running, resume)
 
 
 class OnesPolicy(PolicyBase):
@@ -183,7 +207,7 @@ class OnesPolicy(PolicyBase):
         jobs = memory_filled_views(started)
         ctx = self.context(cluster, jobs, current, now_s)
         pop, fit = self._search(ctx, jobs)  # (P, J) GPU counts, (P,) their fitness
-        best = pop[int(np.argmin(fit))]
+        best = _alone(ctx, pop[int(np.argmin(fit))])
         self.changed_at = {j.name: float(now_s) if best[i] != ctx.cur[i] else self.changed_at[j.name]
                            for i, j in enumerate(jobs) if best[i] != ctx.cur[i] or j.name in self.changed_at}
         schedule = schedule_from_counts(cluster, jobs, best, current, _order(ctx, best))
@@ -202,7 +226,7 @@ class OnesPolicy(PolicyBase):
         remaining = estimates.remaining_work(jobs)  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
-        changed_cost = _change_costs(c, table, remaining, cur, np.minimum(
+        charges = _charges(jobs, table, remaining, cur, np.minimum(
             np.array([max(j.spec.requested_gpus, 1) for j in jobs]), caps), cur_rate)
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
@@ -211,11 +235,12 @@ class OnesPolicy(PolicyBase):
         if c.wait_weight is not None:
             waited = np.maximum(now_s - submit - np.array([j.run_time_s for j in jobs]), 0.0)
         locked = None  # jobs changed less than the hold ago keep their count
-        if (hold_s := c.hold_s) > 0:
+        hold_s = np.array([c.hold_s(j.change_costs) for j in jobs])
+        if (hold_s > 0).any():
             since = now_s - np.array([self.changed_at.get(j.name, -np.inf) for j in jobs])
             locked = (since < hold_s) & (cur > 0) & (cur <= caps)
         inputs = DecisionInputs(gpus=G, caps=caps, goodput=table, remaining=remaining, held=cur,
-                                change_cost=changed_cost, submit=submit, requested=requested, held_goodput=cur_rate,
+                                change_cost=charges, submit=submit, requested=requested, held_goodput=cur_rate,
                                 waited_s=waited, locked=locked)
         weights = FitnessWeights(horizon_s=c.horizon_s, tail_chain_plain=c.tail_chain_plain,
                                  gpu_time_weight=c.gpu_time_weight * J * overload, wait_weight=c.wait_weight or 1.0)
@@ -281,6 +306,15 @@ class OnesPolicy(PolicyBase):
         double = rng.integers(0, 2, size=out.shape) == 0  # x2 (at least 1) or /2
         resized = np.where(double, np.maximum(out * 2, 1), out // 2)
         return np.minimum(np.where(resize, resized, out), ctx.caps[None, :])
+
+
+def _alone(ctx: OnesContext, best: np.ndarray) -> np.ndarray:
+    """``best``, but a job alone on the cluster is never shrunk: the GPUs it gave up would stay idle, and no
+    other job is served sooner (the fitness may still prefer fewer where its goodput model has the job faster
+    on fewer, or where the repair's padding changed the count it holds). Its hold and cap still apply."""
+    if len(best) != 1 or best[0] >= ctx.cur[0] or ctx.cur[0] > ctx.caps[0]:
+        return best
+    return ctx.cur.copy()
 
 
 def _order(ctx: OnesContext, counts: np.ndarray) -> np.ndarray:

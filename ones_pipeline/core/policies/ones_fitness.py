@@ -19,7 +19,9 @@ class DecisionInputs(NamedTuple):
     goodput: np.ndarray  # (J, N + 1) goodput on n = 0..N GPUs, consolidated, at the batch the job picks
     remaining: np.ndarray  # base-equivalent samples left
     held: np.ndarray  # GPUs held now (0: queued)
-    change_cost: np.ndarray  # s a change of the job's count costs it (the churn charge)
+    # s the job is charged for n = 0..N GPUs, (J, N + 1) (the churn charge; 0 at the count it holds; column 0:
+    # its start after it waits), or (J,) one charge for any change of its count
+    change_cost: np.ndarray
     submit: np.ndarray  # submission time (s)
     requested: np.ndarray  # GPUs requested: a queued job is assumed to start on them (capped)
     held_goodput: np.ndarray | None = None  # goodput on the GPUs held, their real placement (unchanged counts)
@@ -59,8 +61,14 @@ class OnesContext:
         self.cur_rate = inputs.held_goodput
         self.G, self.caps, self.table, self.remaining, self.cur = G, caps, table, remaining, inputs.held
         self.lock = inputs.locked
-        self.change_cost, self.submit = inputs.change_cost, inputs.submit
+        self.submit = inputs.submit
         J = len(caps)
+        charge = np.asarray(inputs.change_cost, dtype=float)
+        if charge.ndim == 1:  # one charge for any change of the count: none where a running job keeps it
+            charge = np.repeat(charge[:, None], table.shape[1], axis=1)
+            kept = (self.cur > 0) & (self.cur < table.shape[1])
+            charge[kept, self.cur[kept]] = 0.0
+        self.change_cost = charge  # (J, N + 1)
         self.idx = np.arange(J)
         # Time alone at 1 GPU: serves as "shortest remaining first" order for queued jobs.
         self.t1 = remaining / np.maximum(table[:, 1], 1e-12)
@@ -178,7 +186,8 @@ class OnesContext:
         P, J = pop.shape
         H = self.horizon_s
         on = pop > 0
-        cost = np.where((pop != self.cur[None, :]) & on, self.change_cost[None, :], 0.0)
+        charge = self.change_cost[self.idx[None, :], pop]  # (P, J) of its count (column 0: of its later start)
+        cost = np.where(on, charge, 0.0)
         run = self.run_time[self.idx[None, :], pop]  # (P, J); inf where n = 0
         rate = self.table[self.idx[None, :], np.where(on, pop, self.need[None, :])]  # goodput while running
         if self.cur_rate is not None:
@@ -187,8 +196,8 @@ class OnesContext:
             run = np.where(kept, self.remaining[None, :] / np.maximum(rate, 1e-12), run)
         finish = np.where(on, cost + run, np.inf)
         waiting = np.where(on, 0.0, self._queue_start(pop, finish))
-        churn = np.where(on, cost, self.change_cost[None, :])
-        start = np.where(on, cost, waiting + self.change_cost[None, :])
+        churn = charge
+        start = np.where(on, cost, waiting + charge)
         n_eff = np.where(on, pop, self.need[None, :])
         done_by = start + self.remaining[None, :] / np.maximum(rate, 1e-12)
         left = self.remaining[None, :] - rate * np.clip(H - start, 0.0, None)
