@@ -545,23 +545,9 @@ def test_a_planned_preemption_after_a_real_pipes_session_ends_green(project, ins
 def test_progress_observations_are_spaced_and_only_of_this_generation(tmp_path):
     """One observation for the first epoch of the generation, then at most one per ``OBSERVE_EVERY_S``;
     rows of other generations and half-written lines are skipped; the MLflow run is linked once known."""
+    from observer_helpers import Recorder
+
     from ones_pipeline.defs.progress_events import OBSERVE_EVERY_S, ProgressObserver
-
-    class Recorder:  # the members of the asset context the observer uses
-        asset_key = dg.AssetKey("training_job")
-
-        class run:  # noqa: N801 (``context.run.run_id``: the slot ledger's first row names the run)
-            run_id = "r"
-
-        def __init__(self):
-            self.events = []
-            self.log = self
-
-        def log_event(self, event):
-            self.events.append(event)
-
-        def warning(self, msg):
-            raise AssertionError(msg)
 
     spec = load_job_spec(ROOT / "assets" / "jobs" / "mlp-small.yaml")
     alloc = RunAllocation.make(spec, (0, 1), "cpu", 64, 3)

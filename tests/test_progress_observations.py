@@ -10,30 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 dg = pytest.importorskip("dagster")
 
+from observer_helpers import Recorder  # noqa: E402
+
 from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule  # noqa: E402
 from ones_pipeline.defs.progress_events import OBSERVE_EVERY_S, ProgressObserver  # noqa: E402
 from ones_pipeline.scheduler import RunAllocation  # noqa: E402
 from ones_pipeline.train import records  # noqa: E402
 from ones_pipeline.train.api import Placement, TrainingSession  # noqa: E402
-
-
-class Recorder:
-    """The members of the asset context the observer uses (``log_event``, ``log``, ``run.run_id``)."""
-
-    asset_key = dg.AssetKey("training_job")
-
-    class run:  # noqa: N801
-        run_id = "r"
-
-    def __init__(self):
-        self.events = []
-        self.log = self
-
-    def log_event(self, event):
-        self.events.append(event)
-
-    def warning(self, msg):
-        raise AssertionError(msg)
 
 
 def _spec(stopping: StoppingRule, dataset_size: int = 100) -> JobSpec:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,16 @@ class StateLayout:
 
     def failed(self) -> dict[str, str]:
         return dict(self.read_json(self.failed_jobs, {}))
+
+
+def newest_row(lines: Iterable[str | bytes], match: Callable[[dict], bool]) -> dict | None:
+    """The last of ``lines`` (a JSON-lines file's, oldest first) that is a JSON object ``match`` accepts;
+    lines that are not JSON (a row cut by a kill) are skipped. None: no such row."""
+    for line in reversed(list(lines)):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and match(row):
+            return row
+    return None

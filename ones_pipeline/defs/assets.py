@@ -12,7 +12,6 @@ No ``from __future__ import annotations``: Dagster resolves Config and resource 
 """
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -20,7 +19,7 @@ import time
 
 import dagster as dg
 
-from ones_pipeline.config.layout import PROGRESS_FILE, preempt_request_file
+from ones_pipeline.config.layout import PROGRESS_FILE, newest_row, preempt_request_file
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_infos
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
@@ -169,15 +168,8 @@ def _last_event(launcher: StepLauncher, allocation: RunAllocation, since_s: floa
         lines = path.read_text().splitlines()[-50:]
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if row.get("event") == event and row.get("generation") == allocation.generation \
-                and float(row.get("time_s", 0)) >= since_s:
-            return row
-    return None
+    return newest_row(lines, lambda row: row.get("event") == event and row.get("generation") == allocation.generation
+                      and float(row.get("time_s", 0)) >= since_s)
 
 
 def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocation, stopped: dict) -> None:

@@ -22,13 +22,12 @@ job's MLflow run (``ones.resizes_in_place``, beside ``ones.restarts``).
 No ``from __future__ import annotations``: this module is loaded with the Dagster definitions.
 """
 
-import json
 import threading
 from pathlib import Path
 
 import dagster as dg
 
-from ones_pipeline.config.layout import ProgressTail
+from ones_pipeline.config.layout import ProgressTail, newest_row
 from ones_pipeline.defs.slot_owner import free_given_back, record
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_RESIZED_AT, TAG_SLOTS
@@ -192,14 +191,7 @@ def _last_decision(path: Path | None, job: str) -> dict | None:
             lines = fh.read().splitlines()
     except (OSError, TypeError):
         return None
-    for line in reversed(lines):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and row.get("job") == job and row.get("after"):
-            return row
-    return None
+    return newest_row(lines, lambda row: row.get("job") == job and bool(row.get("after")))
 
 
 def _eta_s(first: tuple[float, float] | None, now: float, samples: float, total: float | None):
