@@ -203,9 +203,11 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
         return dg.SensorResult(skip_reason=f"slot inventory unavailable: {exc}; nothing changed this tick",
                                cursor=context.cursor)
     wanted = progress_wanted(specs, finished, cursor)
+    active_runs = [r for r in runs if r.in_flight]  # (only their jobs write events that measure a change)
     inputs = TickInputs(now=now, specs=specs, finished=frozenset(finished), runs=runs,
                         progress=_progress(context, mlflow, wanted), slot_ids=slots.slot_ids,
-                        change_events={job: change_events(env.layout.job_dir(job)) for job in sorted(wanted)},
+                        change_events={job: change_events(env.layout.job_dir(job)) for job in sorted(wanted & (
+                            {r.job for r in active_runs} | set(finished)))},
                         cluster=slots.cluster(), cursor=cursor, device=slots.kind,
                         policy_state=_saved_policy_state(context, env, cursor),
                         ledgers=job_ledgers(runs, env.job_state_dir, finished))
@@ -219,7 +221,6 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     if apply is not None:
         requests.insert(0, apply)  # the cancellations first: they free the slots the new runs wait for
     events = _observations(env, plan, dict(cursor.get("waiting", {})))
-    active_runs = [r for r in runs if r.in_flight]
     all_done = specs and not held and set(specs) <= finished | set(plan.cursor["failed"])
     if all_done and not active_runs and not plan.launches:
         done_key = hashlib.sha256(",".join(sorted(finished)).encode()).hexdigest()[:12]

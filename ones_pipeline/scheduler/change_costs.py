@@ -35,7 +35,7 @@ LONGEST_S = 3600.0  # a figure outside (0, LONGEST_S] is a clock step or a lost 
 
 def change_events(job_dir: Path) -> tuple[dict, ...]:
     """The events of one job's ``progress.jsonl`` a measurement is made of (``EVENTS``), oldest first."""
-    return tuple(row for row in records.events(job_dir) if row.get("event") in EVENTS)
+    return tuple(row for row in records.events(job_dir, EVENTS) if row.get("event") in EVENTS)
 
 
 def _number(value) -> float | None:

@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,18 @@ def report(state_dir: Path, row: Mapping[str, Any]) -> None:
         fh.write(json.dumps({**row, "time_s": time.time()}) + "\n")
 
 
-def events(state_dir: Path) -> Iterator[dict]:
-    """Every complete, readable progress event so far (a half-written last line is skipped)."""
+def events(state_dir: Path, kinds: Iterable[str] | None = None) -> Iterator[dict]:
+    """Every complete, readable progress event so far (a half-written last line is skipped); with ``kinds``, only
+    the rows whose ``event`` is one of them (other lines are not parsed: a long job's file holds a progress row
+    every few seconds)."""
     try:
         data = (Path(state_dir) / PROGRESS_FILE).read_bytes()
     except FileNotFoundError:
         return
+    wanted = None if kinds is None else [json.dumps(k).encode() for k in kinds]
     for line in data[:data.rfind(b"\n") + 1].splitlines():
+        if wanted is not None and not any(w in line for w in wanted):
+            continue
         try:
             row = json.loads(line)
         except ValueError:
