@@ -516,3 +516,26 @@ def test_a_job_is_valued_where_it_has_not_run_by_what_its_models_earlier_jobs_me
     assert gpus[True].batch_tuned_by_job and gpus[False].batch_tuned_by_job
 
 
+
+
+def test_a_job_of_unknown_size_is_started_before_a_job_known_to_be_long():
+    """The live A/B's seed-0 mix at 61 s: 'long' holds both slots, 'known' (its step times measured: about
+    2.5 min on one slot) and 'new' (nothing measured by it or its model: the generic prior puts it at 3 min)
+    queue. Until its first steps are timed, 'new''s size is unknown: ones starts it beside 'long' rather than
+    the job it knows to be long (live, such a job trained 42 s and waited 3 min behind the known one)."""
+    from policy_helpers import spec as make_spec
+
+    from ones_pipeline.core.policies import make_policy
+
+    cluster = Cluster.uniform(1, 2)
+    steps = (ThroughputObs(1, 1, 32, 0.53, 0.0), ThroughputObs(2, 1, 32, 0.6, 0.07))  # 60 samples/s on 1 slot
+    long = JobView(spec=make_spec("long", model="resnet18", epochs=1.0, max_gpus=2), status=JobStatus.RUNNING,
+                   submit_time_s=0.0, samples_done=5000, progress_samples=5000, throughput_obs=steps,
+                   change_costs=IN_PLACE)
+    known = JobView(spec=make_spec("known", model="resnet18", epochs=0.9, submit=50.0), status=JobStatus.PENDING,
+                    submit_time_s=50.0, throughput_obs=steps, change_costs=IN_PLACE)
+    new = JobView(spec=make_spec("new", model="cnn", epochs=18.0, submit=50.0), status=JobStatus.PENDING,
+                  submit_time_s=50.0, change_costs=IN_PLACE)
+    current = Schedule({"long": Allocation("long", (0, 1), 64, 0.1)})
+    out = make_policy("ones", seed=0).decide(61.0, cluster, [long, known, new], current)
+    assert "new" in out.allocations and "known" not in out.allocations, out.allocations

@@ -1,12 +1,14 @@
 """plan_tick without Dagster: the schedule comes from the runs, generations and run keys, young runs held;
 the allocation record is validated where it is made and round-trips through JSON."""
 
+import dataclasses
 import json
 
 import pytest
 
-from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule, lr_for_batch
+from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule, ThroughputObs, lr_for_batch
 from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
+from ones_pipeline.scheduler.runs import ProgressInfo
 
 
 def spec(name, epochs=50.0, max_gpus=2):
@@ -19,9 +21,9 @@ def run(job, gen, slots, status="STARTED", created=0.0, batch=32):
     return RunInfo.from_tags(f"{job}-{gen}", status, tags, created_s=created, start_s=created + 1)
 
 
-def plan(specs, runs, now=1000.0, cursor=None, finished=(), **settings):
+def plan(specs, runs, now=1000.0, cursor=None, finished=(), progress=None, **settings):
     inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=frozenset(finished), runs=runs,
-                        progress={}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {})
+                        progress=progress or {}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {})
     return plan_tick(inputs, SchedulerSettings(params={"generations": 5}, **settings))
 
 
@@ -142,13 +144,34 @@ def test_a_policy_batch_beyond_what_the_processes_hold_is_clamped_not_a_crash():
         policies.POLICIES.pop("greedy-test")
 
 
+# 'long' has timed its steps on 1 and 2 slots (the scheduler predicts from them); 'short' has timed nothing.
+MEASURED_LONG = {"long": ProgressInfo(samples_done=3200.0, throughput_obs=(
+    ThroughputObs(1, 1, 32, 0.02, 0.0), ThroughputObs(2, 1, 32, 0.012, 0.002)))}
+
+
+def test_a_job_nobody_has_timed_is_started_without_a_made_up_prediction():
+    """Neither 'short' nor any earlier job of its model has timed a step: its start says it is not measured
+    yet, with what the start-up costs, and carries no predicted time (none is shown as a finish time);
+    'long', measured, gives up a slot for it with its predictions before and after."""
+    long_run = run("long", 0, [0, 1], created=900.0, batch=64)
+    short = dataclasses.replace(spec("short", 2), model="cnn-digits")  # a model nothing has measured
+    p = plan([spec("long", 2000), short], [long_run], now=1000.0, min_hold_s=0.0, progress=MEASURED_LONG)
+    (start,) = [d for d in p.decisions if d.job == "short"]
+    assert start.reason.startswith("start: not measured yet"), start.reason
+    assert "(start-up, ~" in start.reason and "predicted" not in start.reason
+    assert start.why["remaining_after_s"] is None and start.why["remaining_before_s"] is None
+    (shrink,) = [d for d in p.decisions if d.job == "long"]
+    assert shrink.why["remaining_before_s"] > 0 and "predicted to finish in" in shrink.reason
+
+
 def test_a_shrink_or_preemption_says_why_with_predictions_and_who_gets_the_slots():
     """'long' holds both slots; 'short' arrives and the policy takes a slot from 'long'. The decision of
     'long' carries the predicted time to finish before and after (the change's cost included), what that kind
     of change costs and the job its slot goes to; the cancel reason (the "preempted by ones: ..." line) says the
     same."""
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
-    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm",
+             progress=MEASURED_LONG)
     (d,) = [d for d in p.decisions if d.job == "long"]
     why = d.why
     assert why["frees_for"] == ["short"] and why["change_cost_s"] > 0 and why["change"] == "restart"
@@ -173,7 +196,8 @@ def test_the_reason_quotes_what_the_kind_of_change_costs_and_says_when_the_job_i
     long_run = run("long", 0, [0, 1], created=900.0, batch=64)
     for launcher, kind, words in (("subprocess", "shrink", "shrink in place"),
                                   ("slurm", "restart", "restart from a checkpoint")):
-        p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher=launcher)
+        p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher=launcher,
+                 progress=MEASURED_LONG)
         (d,) = [d for d in p.decisions if d.job == "long"]
         assert d.why["change"] == kind and d.why["change_cost_s"] == PRIOR[kind]
         assert f"({words}, ~" in d.reason and ("restart" in d.reason) is (kind == "restart"), d.reason

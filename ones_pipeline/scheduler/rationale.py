@@ -38,12 +38,16 @@ class Why:
     frees_for: tuple[str, ...] = ()  # jobs that get slots this job gives up
     change: str = "restart"  # its kind (``sim.change_costs.KINDS``; "" when it only stops)
     alone: bool = False  # the only active job
+    measured: bool = True  # False: neither the job nor its model's earlier jobs have measured a step (no times)
 
     def text(self) -> str:
         parts = []
         before, after = self.remaining_before_s, self.remaining_after_s
         cost = f"{KIND_WORDS.get(self.change, self.change)}, ~{_cost(self.change_cost_s)}"
-        if before is not None and after is not None:
+        if not self.measured:
+            parts.append(f"not measured yet: how long it trains is unknown until its first steps are timed ({cost})"
+                         if self.change else "not measured yet")
+        elif before is not None and after is not None:
             parts.append(f"predicted to finish in {_dur(before)} -> {_dur(after)} ({cost})")
             if after > before:  # the policy weighs every job's completion (and idle slots), not this one's
                 parts.append("later by the scheduler's estimate; the policy's own goodput model predicts sooner"
@@ -123,7 +127,10 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
             after += cost
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))
         frees = tuple(sorted(o for o, a in new.allocations.items() if o != job and given_up & set(a.gpus)))
-        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1)
+        if not (subset[i].throughput_obs or subset[i].model_obs):  # no step time to predict from
+            before = after = None
+        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1,
+                       bool(subset[i].throughput_obs or subset[i].model_obs))
     return out
 
 
@@ -163,6 +170,9 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         idle = f"{len(free)} slot(s) idle beside it"
         if v.name in held:
             out[v.name] = f"{idle}: {held[v.name]}"
+            continue
+        if not (v.throughput_obs or v.model_obs):
+            out[v.name] = f"{idle}: not measured yet; its size is decided once its first steps are timed"
             continue
         batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
         more = Allocation(v.name, tuple(alloc.gpus) + tuple(free[:k]), batch, alloc.lr)
