@@ -539,3 +539,12 @@ def test_a_job_of_unknown_size_is_started_before_a_job_known_to_be_long():
     current = Schedule({"long": Allocation("long", (0, 1), 64, 0.1)})
     out = make_policy("ones", seed=0).decide(61.0, cluster, [long, known, new], current)
     assert "new" in out.allocations and "known" not in out.allocations, out.allocations
+
+
+def test_a_job_nobody_has_timed_gets_what_its_user_requested_on_an_idle_cluster():
+    """The ONES trace's first two jobs each request 16 GPUs of an empty 64-GPU cluster; nothing of their
+    models has been timed. On the generic prior's all-reduce they were worth no more on 16 GPUs than on 4, and
+    ones started them on 4 (twice FIFO's time); the request is what is known of how they scale."""
+    jobs = [view("first", requested=16, epochs=5.0), view("second", requested=16, epochs=5.0)]
+    out = OnesPolicy(seed=0).decide(0.0, Cluster.uniform(16, 4), jobs, Schedule())
+    assert {name: a.num_gpus for name, a in out.allocations.items()} == {"first": 16, "second": 16}

@@ -144,9 +144,29 @@ def change_charge(cost_s, time_left_s):
     return np.clip(CHARGE_SHARE_OF_LEFT * left, cost, CHARGE_PER_COST * cost)
 
 
+def as_requested(jobs: Sequence[JobView], table: np.ndarray) -> np.ndarray:
+    """(J, N+1) ``table``, but a job nobody has timed is taken to scale as its user requested: linearly up to
+    its requested GPUs (its one-GPU goodput times the count), beyond them by the prior's own gain. The generic
+    prior prices the all-reduce of an unknown model pessimistically, so on it an unmeasured job was worth no
+    more on 16 GPUs than on 4: on the ONES trace the first two jobs, requesting 16 each, started on 4 of an
+    empty cluster's 64 GPUs and took twice FIFO's time. Its user's request is the one thing known of how it
+    scales. Once it has timed steps (or its model's earlier jobs have), those decide."""
+    out = table
+    for i, j in enumerate(jobs):
+        if not j.throughput_obs:
+            if out is table:
+                out = table.copy()
+            n, req = np.arange(table.shape[1]), min(max(j.spec.requested_gpus, 1), table.shape[1] - 1)
+            if table[i, req] > 0:  # beyond the request, the prior's own gain from more GPUs
+                out[i] = np.where(n <= req, table[i, 1] * n, table[i] * (table[i, 1] * req / table[i, req]))
+                out[i] = np.where(table[i] > 0, out[i], 0.0)
+    return out
+
+
 def unmeasured_as_short(jobs: Sequence[JobView], remaining: np.ndarray, one_gpu_rate: np.ndarray) -> np.ndarray:
     """(J,) ``remaining`` work, but a job with no step times (its own or its model's earlier jobs') valued as
-    finishing within its start-up on one GPU: how long it will train is unknown until its first steps are
+    finishing within its start-up on one GPU (at least ``UNKNOWN_CHANGE_COST_S``: a start that costs nothing
+    still takes its first steps to be timed): how long it will train is unknown until its first steps are
     measured, which takes about a start-up, and then the next decision values it by them. A job of unknown
     size is started before jobs known to be longer (as the least-attained-service rule would): a prior that
     guesses its size orders it arbitrarily (live, a 42 s job was predicted at 3.3 min on the generic prior
@@ -154,7 +174,8 @@ def unmeasured_as_short(jobs: Sequence[JobView], remaining: np.ndarray, one_gpu_
     unknown = np.array([not j.throughput_obs for j in jobs], dtype=bool)
     if not unknown.any():
         return remaining
-    probe = np.array([kind_costs(j.change_costs)["start"] for j in jobs]) * np.maximum(one_gpu_rate, 1e-12)
+    start = np.array([kind_costs(j.change_costs)["start"] for j in jobs])
+    probe = np.maximum(start, UNKNOWN_CHANGE_COST_S) * np.maximum(one_gpu_rate, 1e-12)
     return np.where(unknown, np.minimum(remaining, probe), remaining)
 
 
@@ -235,7 +256,7 @@ class OnesPolicy(PolicyBase):
         c = self.config
         J, G = len(jobs), cluster.num_gpus
         caps = scale_limits(jobs, np.array([min(j.spec.gpu_cap, G) for j in jobs], dtype=np.int64))
-        table = tuned_table(cluster, jobs, caps, self._rows, self.model)  # (J, N+1)
+        table = as_requested(jobs, tuned_table(cluster, jobs, caps, self._rows, self.model))  # (J, N+1)
         cur_rate, _ = current_goodput(cluster, jobs, current, table, self.model)  # (J,)
         remaining = unmeasured_as_short(jobs, estimates.remaining_work(jobs), table[:, 1])  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
