@@ -76,7 +76,7 @@ def dagster_facts(env, jobs: Sequence[str]) -> tuple[set[str], dict[str, tuple[i
                 samples = None if value is None else int(getattr(value, "value", value))
             mats[job] = (len(records), samples)
         runs = [(r.dagster_run.run_id, dict(r.dagster_run.tags), r.start_time, r.end_time, r.dagster_run.status.value)
-                for r in instance.get_run_records(dg.RunsFilter(tags={"ones/managed": "true"}))]
+                for r in instance.get_run_records(dg.RunsFilter(job_name="train_job"))]
     return finished, mats, runs
 
 

@@ -1,9 +1,10 @@
 """The ``resize`` kind of ``benchmarks/chaos.py``: kill -9 a piece of a job while it changes its ranks in place.
 
-The scheduler does not ask for in-place resizes yet (``train/resize_control.py``), so the benchmark does, as a
-control plane would, through ``request_resize``, and only within what the generation's Dagster run holds (no
-double booking: its slot tags stay as they were): a generation of 2 ranks (on the 2-slot cluster, it holds both)
-is asked to shrink to 1 slot, then to grow back to both. Each kill of this kind is drawn as one of:
+The benchmark asks for in-place resizes itself, as a control plane would, through ``request_resize``, and only
+within what the generation's Dagster run holds (no double booking: its slot tags stay as they were; its requests
+carry no run id, so the scheduler does not take them for the run's allocation, ``RunInfo.from_run``): a generation
+of 2 ranks (on the 2-slot cluster, it holds both) is asked to shrink to 1 slot, then to grow back to both. Each
+kill of this kind is drawn as one of:
 
 * **during the shrink** (about a third): 0-1 s after the shrink's request, kill -9 rank 0, rank 1 (the leaver) or
   the launcher;

@@ -67,10 +67,11 @@ timeout 240 "$BIN/ones" run --project "$PROJ" --status-every 30 2>&1 | tail -14 
 import sys
 import dagster as dg
 from ones_pipeline.adapters.mlflow import read_progress
+from ones_pipeline.config.layout import StateLayout
 from ones_pipeline.defs.instance import job_run_infos
 state = sys.argv[1] + "/.ones/state"
 with dg.DagsterInstance.from_config(state + "/dagster") as inst:
-    for r in job_run_infos(inst):
+    for r in job_run_infos(inst, StateLayout(state).job_dir):
         print(f"run {r.job} g{r.generation}: slots {r.slot_ids} {r.status} held {r.held_s(r.end_s or 0):.1f} s")
 for job, p in read_progress(f"sqlite:///{state}/mlflow.db", "ones").items():
     gpu = sorted(k for k in p.metrics if k.startswith("system_gpu"))

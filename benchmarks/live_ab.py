@@ -193,7 +193,7 @@ def collect(live: LiveRun) -> dict:
 
     env = live.env
     with open_instance(env) as instance:
-        jobs, runs = finished_jobs(instance), job_run_infos(instance)
+        jobs, runs = finished_jobs(instance), job_run_infos(instance, env.job_state_dir)
     names = [j.name for j in live.mix]
     points = {name: mlflow_points(env, name) for name in names}
     progress = read_progress(env.tracking_uri(), env.mlflow.experiment, names)

@@ -268,7 +268,7 @@ def component_times(defs, instance, env, repeats: int) -> dict[str, float]:
     steps = {
         "load 50 job specs (YAML)": lambda: load_job_specs(env.jobs_dir),
         "dynamic partitions": lambda: instance.get_dynamic_partitions(JOBS_PARTITIONS.name),
-        "run records (job_run_infos)": lambda: job_run_infos(instance),
+        "run records (job_run_infos)": lambda: job_run_infos(instance, env.job_state_dir),
         "materialized partitions": lambda: instance.get_materialized_partitions(dg.AssetKey(TRAINING_ASSET)),
         "MLflow read_progress": lambda: mlflow.progress(sorted(specs)),
         "slot inventory (discover)": lambda: inventory_source(env.cluster).discover(),
@@ -292,7 +292,7 @@ def bench_plan_tick(defs, instance, env, ticks: int) -> dict:
     from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs, plan_tick
 
     specs, _ = load_job_specs(env.jobs_dir)
-    runs = job_run_infos(instance)
+    runs = job_run_infos(instance, env.job_state_dir)
     raw = defs.resources["mlflow"].progress(sorted(specs))
     progress = {j: ProgressInfo(p.samples_done, p.throughput_obs, p.loss_history, p.accuracy_history, p.restarts)
                 for j, p in raw.items()}
@@ -346,7 +346,8 @@ def launch_overhead(state_dir: Path) -> dict:
     metric and the previous generation's end. Seconds."""
     import dagster as dg
 
-    from ones_pipeline.scheduler.runs import TAG_GENERATION, TAG_JOB, TAG_MANAGED
+    from ones_pipeline.config.layout import StateLayout
+    from ones_pipeline.defs.instance import run_info
 
     home = state_dir / "dagster"
     if not (home / "dagster.yaml").exists():
@@ -355,10 +356,12 @@ def launch_overhead(state_dir: Path) -> dict:
     os.environ["DAGSTER_HOME"] = str(home)
     rows = []
     with dg.DagsterInstance.get() as instance:
-        for rec in instance.get_run_records(dg.RunsFilter(tags={TAG_MANAGED: "true"})):
+        for rec in instance.get_run_records(dg.RunsFilter(job_name="train_job")):
             run = rec.dagster_run
+            if (info := run_info(run, StateLayout(state_dir).job_dir)) is None:
+                continue
             steps = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_START)
-            rows.append({"job": run.tags[TAG_JOB], "generation": int(run.tags.get(TAG_GENERATION, 0)),
+            rows.append({"job": info.job, "generation": info.generation,
                          "status": run.status.value, "created": rec.create_timestamp.timestamp(),
                          "start": rec.start_time, "end": rec.end_time,
                          "step": min((e.timestamp for e in steps), default=None)})

@@ -13,8 +13,9 @@ def spec(name, epochs=50.0, max_gpus=2):
 
 
 def run(job, gen, slots, status="STARTED", created=0.0):
-    tags = Launch(RunAllocation.make(spec(job), slots, "cpu", 32 * len(slots), gen), "test").tags()
-    return RunInfo.from_tags(f"{job}-{gen}", status, tags, created_s=created, start_s=created + 1)
+    launch = Launch(RunAllocation.make(spec(job), slots, "cpu", 32 * len(slots), gen), "test")
+    return RunInfo.from_run(f"{job}-{gen}", status, launch.tags(), launch.run_config(), created_s=created,
+                            start_s=created + 1)
 
 
 def ev(event, gen, t, **kw):

@@ -93,10 +93,12 @@ def slots_of(rr):
     return list(allocation_of(rr).slot_ids)
 
 
-def launch_tags(project, job, generation, slots, batch, reason="start"):
+def launch_run(project, job, generation, slots, batch, reason="start"):
+    """The tags and run config of the sensor's run request of this allocation (``create_run_for_test`` keywords)."""
     spec = load_job_spec(project / "assets" / "jobs" / f"{job}.yaml")
     launch = Launch(RunAllocation.make(spec, slots, "cpu", batch, generation), reason)
-    return {**launch.tags(), "dagster/partition": job}
+    return {"tags": {**launch.tags(), "dagster/partition": job},
+            "run_config": {"ops": {"training_job": {"config": launch.run_config()}}}}
 
 
 def test_definitions_load_and_validate(project):
@@ -121,14 +123,13 @@ def test_new_specs_become_partitions_and_runs_with_one_tag_per_slot(project, ins
     for rr in train:
         assert rr.run_key == f"{rr.partition_key}-g0"
         slots = slots_of(rr)
-        assert rr.tags["ones/slots"] == ",".join(map(str, slots))
         # CPU slots are named as such, each tag "held" (the run owns it; "free" once given back in place).
         assert {k: v for k, v in rr.tags.items() if k.startswith("ones/cpu-")} == {
             f"ones/cpu-{s}": "held" for s in slots}
         assert not any(k.startswith("ones/gpu") for k in rr.tags)
-        # Only the tags the runs list is filtered by (the reason is in the run config: it made each row 200 px tall)
-        assert sorted(k for k in rr.tags if k.startswith("ones/") and not k.startswith("ones/cpu-")) == [
-            "ones/generation", "ones/global-batch", "ones/job", "ones/managed", "ones/slots"]
+        # Only the job (the runs list is filtered by it) and the slot tags: the generation, slots, batch and reason
+        # are in the run config (each tag is a line of the run's row in the runs list)
+        assert sorted(k for k in rr.tags if not k.startswith("ones/cpu-")) == ["ones/job"]
         assert rr.run_config["ops"]["training_job"]["config"]["reason"]
         alloc = allocation_of(rr)
         assert alloc.job == rr.partition_key and alloc.global_batch >= 1 and alloc.lr > 0 and alloc.device == "cpu"
@@ -164,7 +165,7 @@ def test_changed_allocation_cancels_the_run_and_requests_the_next_generation(pro
     instance.add_dynamic_partitions("training_jobs", ["job-a"])
     (project / "assets" / "jobs" / "job-b.yaml").unlink()
     # job-a runs on both slots (generation 0).
-    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
+    run = queued_run(instance, **launch_run(project, "job-a", 0, (0, 1), 64))
     first = tick(project, instance)
     # Its spec changes (a longer budget): the run is cancelled and generation 1 requested.
     (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 12"))
@@ -187,12 +188,68 @@ def test_a_new_job_on_a_full_cluster_makes_room_by_preemption_or_shrink(project,
     running, so it takes a slot from job-a (cancel + a smaller generation 1) rather than queue job-b."""
     (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 2000"))
     instance.add_dynamic_partitions("training_jobs", ["job-a", "job-b"])
-    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
+    run = queued_run(instance, **launch_run(project, "job-a", 0, (0, 1), 64))
     result = tick(project, instance)
     started = {rr.partition_key: slots_of(rr) for rr in result.run_requests if rr.job_name == "train_job"}
     assert "job-b" in started
     assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
     assert len(started.get("job-a", [])) <= 1
+
+
+def ones_tags(run) -> dict:
+    """A run's tags but Dagster's own (``dagster/...``, ``.dagster/...``): what ones put on its row."""
+    return {k: v for k, v in run.tags.items() if not k.startswith(("dagster/", ".dagster/"))}
+
+
+def test_a_training_run_is_tagged_only_with_its_job_and_slots_also_after_an_in_place_change(project, instance):
+    """Each tag is a line of the run's row in Dagster's runs list (ten ``ones/*`` tags made each row 200 px tall):
+    a training run carries ``ones/job`` (what a user filters by) and one tag per slot (what Dagster's tag
+    concurrency limits count), nothing else, from its creation through an in-place shrink the apply run makes
+    and the step's freeing of the slot. The scheduler reads its generation, slots and batch back all the same
+    (from its run config and the change request), as ``ones status`` does."""
+    from ones_pipeline.cli.status import slots_text
+    from ones_pipeline.defs.instance import job_run_infos
+    from ones_pipeline.defs.slot_owner import free_given_back
+
+    (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 2000"))
+    job_b = (project / "assets" / "jobs" / "job-b.yaml").read_text()
+    (project / "assets" / "jobs" / "job-b.yaml").unlink()
+    first = tick(project, instance)
+    for req in first.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    (rr,) = [rr for rr in first.run_requests if rr.job_name == "train_job"]
+    assert slots_of(rr) == [0, 1]
+    # the run as the daemon creates it from the request, started
+    run = create_run_for_test(instance, job_name="train_job", run_config=rr.run_config, status=DagsterRunStatus.STARTED,
+                              tags={**rr.tags, "dagster/partition": rr.partition_key, "dagster/run_key": rr.run_key},
+                              remote_job_origin=ORIGIN)
+    only = {"ones/job": "job-a", "ones/cpu-0": "held", "ones/cpu-1": "held"}
+    (record,) = instance.get_run_records(dg.RunsFilter(job_name="train_job"))
+    assert ones_tags(record.dagster_run) == only
+    # job-b arrives: job-a shrinks in place (the apply run writes its change request), job-b waits for slot 1
+    (project / "assets" / "jobs" / "job-b.yaml").write_text(job_b)
+    second = tick(project, instance, first.cursor)
+    d = [d for d in (json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text()
+                     .splitlines()) if d["job"] == "job-a"][-1]
+    assert d["path"] == "in place" and d["before"] == [0, 1] and len(d["after"]) == 1, d
+    assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED  # same run
+    (record,) = instance.get_run_records(dg.RunsFilter(job_name="train_job"))
+    assert ones_tags(record.dagster_run) == only  # the slot it gives up stays held until the change is done
+    env = load_env(project)
+    (info,) = job_run_infos(instance, env.job_state_dir, "job-a")
+    assert (info.generation, info.slot_ids, info.held_ids) == (0, tuple(d["after"]), (0, 1))
+    assert info.global_batch == d["global_batch"] and info.resized_s is not None
+    (gone,) = {0, 1} - set(d["after"])
+    assert slots_text("cpu", info) == f"cpu {d['after'][0]} (freeing {gone})"
+    # the step sees the change done and frees the slot: its tag's value changes, no tag is added
+    assert free_given_back(instance, run.run_id, "cpu", env.job_state_dir("job-a"), 0) == [gone]
+    (record,) = instance.get_run_records(dg.RunsFilter(job_name="train_job"))
+    assert ones_tags(record.dagster_run) == {**only, f"ones/cpu-{gone}": "free"}
+    (info,) = job_run_infos(instance, env.job_state_dir, "job-a")
+    assert info.held_ids == info.slot_ids == tuple(d["after"])
+    # the next tick sees job-a on its one slot: it neither shrinks it again nor undoes the change
+    third = tick(project, instance, second.cursor)
+    assert not [x for x in third.run_requests if x.job_name == "train_job" and x.partition_key == "job-a"]
 
 
 def test_bad_spec_is_reported_once_and_skipped(project, instance, capfd):
@@ -248,11 +305,11 @@ def test_failed_runs_are_retried_with_backoff_then_the_job_is_marked_failed(proj
         "cluster: {gpus: none, cpu_slots: 2}\nscheduler: {tick_interval_s: 5, decision_budget_s: 0.3, "
         "max_retries: 1, retry_backoff_s: 3600}\n")
     create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.FAILURE,
-                        tags=launch_tags(project, "job-a", 0, (0,), 32))
+                        **launch_run(project, "job-a", 0, (0,), 32))
     backing_off = tick(project, instance)
     assert not backing_off.run_requests  # within the backoff window
     create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.FAILURE,
-                        tags=launch_tags(project, "job-a", 1, (0,), 32, "retry"))
+                        **launch_run(project, "job-a", 1, (0,), 32, "retry"))
     failed = tick(project, instance, backing_off.cursor)
     assert "job-a" in json.loads(failed.cursor)["failed"]
     assert "job-a" in json.loads((project / ".ones/state/failed_jobs.json").read_text())
@@ -331,7 +388,7 @@ def test_the_tick_acts_only_through_its_apply_run(project, instance):
     and logs why on the cancelled run."""
     instance.add_dynamic_partitions("training_jobs", ["job-a"])
     (project / "assets" / "jobs" / "job-b.yaml").unlink()
-    run = queued_run(instance, launch_tags(project, "job-a", 0, (0, 1), 64))
+    run = queued_run(instance, **launch_run(project, "job-a", 0, (0, 1), 64))
     first = tick(project, instance)
     (project / "assets" / "jobs" / "job-a.yaml").write_text(SPEC_A.replace("epochs: 10", "epochs: 12"))
     state = project / ".ones" / "state"
@@ -472,7 +529,7 @@ def test_apply_asks_a_running_run_to_stop_and_cancels_it_only_when_it_does_not(p
     defs = build_definitions(str(project))
     runs = {}
     for job in ("job-a", "job-b"):
-        runs[job] = create_run_for_test(instance, job_name="train_job", tags=launch_tags(project, job, 3, (0,), 32),
+        runs[job] = create_run_for_test(instance, job_name="train_job", **launch_run(project, job, 3, (0,), 32),
                                         status=DagsterRunStatus.STARTED, remote_job_origin=ORIGIN)
     request_a = preempt_request_file(env.job_state_dir("job-a"), 3)
 

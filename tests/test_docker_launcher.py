@@ -52,11 +52,10 @@ from ones_pipeline.definitions import build_definitions  # noqa: E402
 from ones_pipeline.defs.assets import training_job  # noqa: E402
 from ones_pipeline.defs.docker_step import run_docker_step  # noqa: E402
 from ones_pipeline.defs.instance import job_run_infos  # noqa: E402
-from ones_pipeline.defs.slot_owner import claim, read_ledger  # noqa: E402
-from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo  # noqa: E402
+from ones_pipeline.defs.slot_owner import allocation_now, claim, read_ledger  # noqa: E402
+from ones_pipeline.scheduler import Launch, RunAllocation  # noqa: E402
 from ones_pipeline.scheduler.runs import Resize, held_periods  # noqa: E402
 from ones_pipeline.train.checkpoint import load_checkpoint  # noqa: E402
-from ones_pipeline.train.resize_control import request_resize  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "ones-shim:local"
@@ -528,7 +527,7 @@ def _wait(what: str, ready, timeout_s: float = 120.0):
 @pytest.mark.docker
 def test_a_cpu_job_in_a_real_container_shrinks_and_grows_in_place(tmp_path):
     """``training_job`` through the docker launcher on 2 CPU slots in a real container, changed as the apply run
-    changes it (``slot_owner.claim``, then ``request_resize``): shrink 2 -> 1 and grow 1 -> 2 in place (the
+    changes it (``slot_owner.claim``, which writes the request): shrink 2 -> 1 and grow 1 -> 2 in place (the
     newcomer starts in the same container, beside the launcher), then the scheduler's stop. After each change
     the run's tags, what ``ones status`` shows and the slot ledger agree; one container throughout; the
     checkpoint's sample count is exact."""
@@ -558,11 +557,10 @@ def test_a_cpu_job_in_a_real_container_shrinks_and_grows_in_place(tmp_path):
         """What the apply run does for an in-place change; then wait until the step has seen it done."""
         batch = 16 * len(after)
         resize = Resize(run_id, job, 0, tuple(before), tuple(after), batch, 0.05 * len(after), "cpu", "test")
-        assert claim(instance, resize.to_dict(), state, wait_s=30, log=pytest.fail)
-        request_resize(state, 0, after, global_batch=batch, reason="test")
+        assert claim(instance, resize.to_dict(), state, wait_s=30, log=pytest.fail)  # and asks the launcher
         _wait(f"resized to {len(after)}", lambda: [r for r in _events(state, "resized") if r["to"] == len(after)])
-        _wait("the step frees what the run gave up", lambda: RunInfo.from_tags(
-            run_id, "STARTED", instance.get_run_by_id(run_id).tags).held_ids == tuple(sorted(after)))
+        _wait("the step frees what the run gave up",
+              lambda: allocation_now(instance, run_id, state).held_ids == tuple(sorted(after)))
 
     def drive(instance) -> None:
         try:
@@ -574,7 +572,7 @@ def test_a_cpu_job_in_a_real_container_shrinks_and_grows_in_place(tmp_path):
                 change(instance, run.run_id, before, after)
                 _wait(f"{len(after)} rank process(es)", lambda after=after: ranks(container) == len(after))
                 seen["ranks"].append(ranks(container))
-                info = RunInfo.from_tags(run.run_id, "STARTED", instance.get_run_by_id(run.run_id).tags)
+                info = allocation_now(instance, run.run_id, state)
                 seen["status"].append((info.slot_ids, info.held_ids, slots_text("cpu", info)))
                 seen["ledger"].append([(r["claimed"], r["freed"]) for r in read_ledger(state)])
             container.reload()
@@ -596,7 +594,7 @@ def test_a_cpu_job_in_a_real_container_shrinks_and_grows_in_place(tmp_path):
                 tags=Launch(allocation, "test").tags(),
                 resources={k: v for k, v in defs.resources.items() if k in ("launcher", "mlflow")})
             driver.join(timeout=30)
-            (run,) = job_run_infos(instance, job)
+            (run,) = job_run_infos(instance, env.job_state_dir, job)
             periods = held_periods(run, read_ledger(state), time.time())
         if "error" in seen:
             raise seen["error"]

@@ -105,8 +105,21 @@ MATERIALIZATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... o
 ... on TextMetadataEntry { text } } } } } }"""
 OBSERVATIONS = """{ assetOrError(assetKey: {path: ["training_job"]}) { ... on Asset {
   assetObservations(limit: 500) { partition metadataEntries { label ... on TextMetadataEntry { text } } } } } }"""
-RUNS = """{ runsOrError(filter: {tags: [{key: "ones/managed", value: "true"}]}, limit: 200) { ... on Runs {
-  results { runId status startTime endTime tags { key value } } } } }"""
+RUNS = """{ runsOrError(filter: {pipelineName: "train_job"}, limit: 200) { ... on Runs {
+  results { runId status startTime endTime runConfigYaml tags { key value } } } } }"""
+
+
+def launched_allocation(run: dict) -> dict:
+    """The allocation a training run (a ``RUNS`` result) was launched with: its run config's (the generation, the
+    slots, the batch: not tags, each tag is a line of the run's row in the runs list)."""
+    import yaml
+
+    return json.loads(yaml.safe_load(run["runConfigYaml"])["ops"]["training_job"]["config"]["allocation"])
+
+
+def ones_tags(run: dict) -> dict:
+    """The tags of a ``RUNS`` result but Dagster's own: what ones put on its row in the runs list."""
+    return {t["key"]: t["value"] for t in run["tags"] if not t["key"].startswith(("dagster/", ".dagster/"))}
 
 
 @pytest.fixture
@@ -233,6 +246,11 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     # decision record, and the run log, the partition and the MLflow run show it.
     decisions = [json.loads(line) for line in (project / ".ones/state/decisions.jsonl").read_text().splitlines()]
     assert in_place and any(d.get("path") == "in place" and "in place" in d["reason"] for d in decisions), decisions
+    # Every training run's row shows its job and its slots, nothing else ones keeps (a preempted one also says so),
+    # the runs changed in place included: their allocation is in their change request, not in tags.
+    for r in runs:
+        extra = {k for k in ones_tags(r) if k != "ones/job" and not k.startswith("ones/cpu-")}
+        assert extra <= {"ones/outcome"}, (r["runId"], ones_tags(r))
     changes = [e["text"] for m in observations for e in m["metadataEntries"] if e["label"] == "change"]
     assert any(" in place in " in text for text in changes), observations  # "grew 1 -> 2 CPU slots in place in 1.8 s"
     mlflow_client = mlflow.tracking.MlflowClient(f"sqlite:///{project / '.ones/state/mlflow.db'}")
@@ -246,7 +264,7 @@ def test_three_jobs_on_two_slots_through_the_real_daemon(project):
     for r in runs:
         tags = {t["key"]: t["value"] for t in r["tags"]}
         if r["startTime"] is not None:
-            generations.setdefault(tags["ones/job"], set()).add(int(tags["ones/generation"]))
+            generations.setdefault(tags["ones/job"], set()).add(launched_allocation(r)["generation"])
     changed = [job for job, gens in generations.items() if len(gens) >= 2]
     assert changed, f"no job was preempted or resized: {generations}"
     client = mlflow.tracking.MlflowClient(f"sqlite:///{project / '.ones/state/mlflow.db'}")

@@ -7,7 +7,7 @@ import pytest
 from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule
 from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
 from ones_pipeline.scheduler.in_place import not_in_place, rank_order
-from ones_pipeline.scheduler.runs import SLOT_FREE, TAG_RESIZED_AT, TAG_SLOTS
+from ones_pipeline.scheduler.runs import SLOT_FREE
 
 
 def spec(name, epochs=50.0):
@@ -15,8 +15,11 @@ def spec(name, epochs=50.0):
                    max_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
 
 
-def tags(job, gen, slots, batch=64):
-    return Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test").tags()
+def run_of(run_id, status, job, gen, slots, batch=64, change=None, tags=None, **times):
+    """What ``defs.instance.run_info`` reads of a sensor-made run: its tags, its run config and its generation's
+    in-place change request (``change``), if any; ``tags``: the slot tags as changed since."""
+    launch = Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test")
+    return RunInfo.from_run(run_id, status, {**launch.tags(), **(tags or {})}, launch.run_config(), change, **times)
 
 
 def plan(runs, now=1000.0, cursor=None, launcher="subprocess", min_hold_s=0.0):
@@ -31,7 +34,7 @@ def test_a_shrink_for_a_new_job_is_made_in_place_and_not_decided_again():
     new generation of it), 'short' is launched on the slot it gives up (Dagster's queue holds it until the slot's
     tag is freed), and the decision says "in place". The next tick, before the apply run has set the tags, sees
     the change as made; once the tags show it, the run's change time holds it as a young run would be held."""
-    long0 = RunInfo.from_tags("long-0", "STARTED", tags("long", 0, [0, 1]), created_s=900.0, start_s=901.0)
+    long0 = run_of("long-0", "STARTED", "long", 0, [0, 1], created_s=900.0, start_s=901.0)
     p = plan([long0])
     (resize,) = p.resizes
     assert (resize.job, resize.run_id, resize.generation, resize.before) == ("long", "long-0", 0, (0, 1))
@@ -43,10 +46,10 @@ def test_a_shrink_for_a_new_job_is_made_in_place_and_not_decided_again():
     assert "in place" in d.line()
     again = plan([long0], now=1005.0, cursor=p.cursor)
     assert not again.resizes and not [x for x in again.decisions if x.job == "long"]
-    # The apply run set the run's slots, the step freed the slot it gave up: the tags are the truth again.
-    done = {**tags("long", 0, [0, 1]), TAG_SLOTS: ",".join(map(str, resize.after)), TAG_RESIZED_AT: "1004.0",
-            **{f"ones/cpu-{s}": SLOT_FREE for s in resize.before if s not in resize.after}}
-    long0b = RunInfo.from_tags("long-0", "STARTED", done, created_s=900.0, start_s=901.0)
+    # The apply run wrote the run's change request, the step freed the slot it gave up: the run is the truth again.
+    request = {"slots": list(resize.after), "global_batch": resize.global_batch, "time_s": 1004.0, "run_id": "long-0"}
+    freed = {f"ones/cpu-{s}": SLOT_FREE for s in resize.before if s not in resize.after}
+    long0b = run_of("long-0", "STARTED", "long", 0, [0, 1], change=request, tags=freed, created_s=900.0, start_s=901.0)
     assert long0b.held_ids == resize.after and long0b.changed_s == 1004.0
     held = plan([long0b], now=1010.0, cursor=again.cursor, min_hold_s=30.0)
     assert not held.resizes and not held.cancels and not [x for x in held.decisions if x.job == "long"]
@@ -57,7 +60,7 @@ def test_a_shrink_for_a_new_job_is_made_in_place_and_not_decided_again():
     ("subprocess", "STARTING", "its run is starting, not started"),
 ])
 def test_a_change_the_launcher_cannot_make_in_place_takes_the_checkpoint_path_and_says_why(launcher, status, why):
-    long0 = RunInfo.from_tags("long-0", status, tags("long", 0, [0, 1]), created_s=900.0, start_s=901.0)
+    long0 = run_of("long-0", status, "long", 0, [0, 1], created_s=900.0, start_s=901.0)
     p = plan([long0], launcher=launcher)
     assert not p.resizes and [c.job for c in p.cancels] == ["long"]
     (d,) = [d for d in p.decisions if d.job == "long"]
@@ -85,7 +88,7 @@ def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
     from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
     from ones_pipeline.scheduler.runs import held_periods
 
-    run = RunInfo.from_tags("r", "SUCCESS", tags("long", 0, [0, 1]), created_s=99.0, start_s=100.0, end_s=200.0)
+    run = run_of("r", "SUCCESS", "long", 0, [0, 1], created_s=99.0, start_s=100.0, end_s=200.0)
     changes = [{"time_s": 150.0, "run_id": "r", "claimed": [], "freed": [1]},
                {"time_s": 180.0, "run_id": "r", "claimed": [1], "freed": []},
                {"time_s": 120.0, "run_id": "other", "claimed": [1], "freed": []}]
@@ -101,7 +104,7 @@ def test_slot_time_of_a_run_changed_in_place_follows_its_ledger():
 def test_the_ticks_attained_service_follows_the_slot_ledger():
     """Tiresias's attained service (``JobView.attained_gpu_s``) of a run that shrank 2 -> 1 in place at 150 s,
     seen at 200 s: 2 x 50 + 1 x 50 slot-seconds from its ledger, not its final slot count x its whole life
-    (1 x 100); without a ledger, the run's tags alone (1 x 100)."""
+    (1 x 100); without a ledger, the run alone (1 x 100)."""
     from ones_pipeline.core import policies
     from ones_pipeline.core.types import Schedule
 
@@ -117,8 +120,9 @@ def test_the_ticks_attained_service_follows_the_slot_ledger():
         def to_dict(self):
             return {"name": "recorder", "seed": 0, "params": {}, "state": {}}
 
-    shrunk = {**tags("long", 0, [0, 1]), TAG_SLOTS: "0", TAG_RESIZED_AT: "150.0", "ones/cpu-1": SLOT_FREE}
-    run = RunInfo.from_tags("r", "STARTED", shrunk, created_s=99.0, start_s=100.0)
+    shrink = {"slots": [0], "global_batch": 32, "time_s": 150.0, "run_id": "r"}
+    run = run_of("r", "STARTED", "long", 0, [0, 1], change=shrink, tags={"ones/cpu-1": SLOT_FREE}, created_s=99.0,
+                 start_s=100.0)
     ledger = [{"time_s": 100.5, "run_id": "r", "generation": 0, "claimed": [0, 1], "freed": [], "first": True},
               {"time_s": 150.0, "run_id": "r", "generation": 0, "claimed": [], "freed": [1]}]
     policies.register("recorder-test")(lambda seed=0, **kw: Recorder())

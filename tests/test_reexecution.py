@@ -95,8 +95,9 @@ def test_reexecuting_a_preempted_run_of_a_finished_job_trains_nothing(project, m
         assert after.asset_materialization.metadata == before.asset_materialization.metadata
         # ones no longer counts it as a run of the job (the scheduler's view, the next materialization's
         # restarts and slot-hours)
-        assert run.tags["ones/managed"] == "false" and run.tags["ones/outcome"].startswith("not trained")
-        assert again.run_id not in {r.run_id for r in job_run_infos(instance, "job-a")}
+        assert run.tags["ones/outcome"].startswith("not trained")
+        counted = {r.run_id for r in job_run_infos(instance, load_env(project).job_state_dir, "job-a")}
+        assert again.run_id not in counted and counted == {preempted.run_id, finished.run_id}
 
 
 def test_reexecuting_a_preempted_run_of_an_unfinished_job_trains_nothing(project, monkeypatch):

@@ -17,8 +17,9 @@ def spec(name, epochs=50.0, max_gpus=2):
 
 
 def run(job, gen, slots, status="STARTED", created=0.0, batch=32):
-    tags = Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test").tags()
-    return RunInfo.from_tags(f"{job}-{gen}", status, tags, created_s=created, start_s=created + 1)
+    launch = Launch(RunAllocation.make(spec(job), slots, "cpu", batch, gen), "test")
+    return RunInfo.from_run(f"{job}-{gen}", status, launch.tags(), launch.run_config(), created_s=created,
+                            start_s=created + 1)
 
 
 def plan(specs, runs, now=1000.0, cursor=None, finished=(), progress=None, **settings):
@@ -68,9 +69,9 @@ def test_launches_carry_a_valid_allocation_with_the_core_lr_rule():
 
 
 def test_a_run_without_an_lr_tag_gets_the_core_rule_not_zero():
-    tags = Launch(RunAllocation.make(spec("a"), [0], "cpu", 32, 0), "test").tags()
-    assert "ones/lr" not in tags  # the allocation's LR follows its batch (core rule): no tag needed
-    info = RunInfo.from_tags("a-0", "STARTED", tags, created_s=0.0, start_s=1.0)
+    launch = Launch(RunAllocation.make(spec("a"), [0], "cpu", 32, 0), "test")
+    assert "ones/lr" not in launch.tags()  # the allocation's LR follows its batch (core rule): no tag needed
+    info = RunInfo.from_run("a-0", "STARTED", launch.tags(), launch.run_config(), created_s=0.0, start_s=1.0)
     p = plan([spec("a")], [info], now=10_000.0)  # Allocation refuses lr 0: this raised before the fallback
     assert p.cursor["version"] == 2 and {d.job for d in p.decisions} <= {"a"}
 
@@ -256,10 +257,10 @@ def test_run_worker_deaths_use_up_no_retry_but_the_job_own_failures_do():
     from ones_pipeline.scheduler.tick import INFRA_RETRY_FACTOR
 
     def failed(gen, reason):
-        tags = {**Launch(RunAllocation.make(spec("a"), (0,), "cpu", 32, gen), "test").tags(),
-                "dagster/failure_reason": reason}
-        return RunInfo.from_tags(f"a-{gen}", "FAILURE", tags, created_s=10.0 * gen, start_s=10.0 * gen + 1,
-                                 end_s=10.0 * gen + 5)
+        launch = Launch(RunAllocation.make(spec("a"), (0,), "cpu", 32, gen), "test")
+        tags = {**launch.tags(), "dagster/failure_reason": reason}
+        return RunInfo.from_run(f"a-{gen}", "FAILURE", tags, launch.run_config(), created_s=10.0 * gen,
+                                start_s=10.0 * gen + 1, end_s=10.0 * gen + 5)
 
     killed = [failed(g, "UNEXPECTED_TERMINATION") for g in range(4)]
     assert killed[0].infra_failure and not failed(0, "STEP_FAILURE").infra_failure

@@ -11,18 +11,28 @@ from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
 from ones_pipeline.cli.status import slots_text
+from ones_pipeline.core.types import JobSpec, StopKind, StoppingRule
 from ones_pipeline.defs.instance import instance_yaml
-from ones_pipeline.defs.slot_owner import claim, free_given_back, read_ledger
-from ones_pipeline.scheduler.runs import TAG_JOB, TAG_MANAGED, TAG_SLOTS, RunInfo
+from ones_pipeline.defs.slot_owner import allocation_now, claim, free_given_back, read_ledger
+from ones_pipeline.scheduler import Launch, RunAllocation
+from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.train.resize_control import read_resize_request
 
 DagsterRunStatus = dg.DagsterRunStatus
 ORIGIN = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
     LoadableTargetOrigin(module_name="ones_pipeline.definitions")), "__repository__"), "train_job")
 
 
-def slot_tags(job, slots, gen=0):
-    return {TAG_MANAGED: "true", TAG_JOB: job, "ones/generation": str(gen), TAG_SLOTS: ",".join(map(str, slots)),
-            **{f"ones/cpu-{s}": "held" for s in slots}}
+def spec(name):
+    return JobSpec(name=name, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05, max_lr=0.2,
+                   max_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=5.0))
+
+
+def sensor_run(instance, job, slots, status, **kw):
+    """A run as the sensor requests it: its tags (the job, one per slot) and its allocation in its run config."""
+    launch = Launch(RunAllocation.make(spec(job), slots, "cpu", 32 * len(slots), 0), "test")
+    return create_run_for_test(instance, job_name="train_job", status=status, tags=launch.tags(),
+                               run_config={"ops": {"training_job": {"config": launch.run_config()}}}, **kw)
 
 
 @pytest.fixture
@@ -33,19 +43,16 @@ def instance():
 
 def test_a_shrink_frees_its_slot_for_a_queued_run_and_a_grow_claims_only_a_free_slot(instance, tmp_path):
     limits = yaml.safe_load(instance_yaml([0, 1, 2], 4, "cpu"))["concurrency"]["runs"]["tag_concurrency_limits"]
-    a = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED,
-                            tags=slot_tags("a", [0, 1]))
-    b = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=slot_tags("b", [2]))
-    queued = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.QUEUED,
-                                 tags=slot_tags("c", [1]), remote_job_origin=ORIGIN)
+    a = sensor_run(instance, "a", [0, 1], DagsterRunStatus.STARTED)
+    b = sensor_run(instance, "b", [2], DagsterRunStatus.STARTED)
+    queued = sensor_run(instance, "c", [1], DagsterRunStatus.QUEUED, remote_job_origin=ORIGIN)
 
     def blocked(run) -> bool:  # what the queued-run coordinator decides on its next pass
         in_progress = [instance.get_run_by_id(r.run_id) for r in (a, b)]
         return TagConcurrencyLimitsCounter(limits, in_progress).is_blocked(instance.get_run_by_id(run.run_id))
 
     def info(run) -> RunInfo:
-        r = instance.get_run_by_id(run.run_id)
-        return RunInfo.from_tags(r.run_id, r.status.value, r.tags)
+        return allocation_now(instance, run.run_id, tmp_path / instance.get_run_by_id(run.run_id).tags["ones/job"])
 
     assert blocked(queued)
     grow_b = {"run_id": b.run_id, "job": "b", "generation": 0, "before": [2], "after": [2, 1], "global_batch": 64,
@@ -76,14 +83,13 @@ def test_a_grow_never_shares_a_slot_with_a_run_the_coordinator_starts_while_it_c
     before the grow writes its tags. The claim holds first and looks after, so it sees that run, gives the slot
     back and is not made: never two in-progress runs holding slot 1, and no claim in the ledger."""
     limits = yaml.safe_load(instance_yaml([0, 1, 2], 4, "cpu"))["concurrency"]["runs"]["tag_concurrency_limits"]
-    b = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.STARTED, tags=slot_tags("b", [2]))
+    b = sensor_run(instance, "b", [2], DagsterRunStatus.STARTED)
     write_tags = instance.add_run_tags
     raced = []
 
     def coordinator_pass_then_write(run_id, tags):
         if not raced:  # once: queue the later tick's run, and start it if the coordinator would
-            queued = create_run_for_test(instance, job_name="train_job", status=DagsterRunStatus.QUEUED,
-                                         tags=slot_tags("c", [1]), remote_job_origin=ORIGIN)
+            queued = sensor_run(instance, "c", [1], DagsterRunStatus.QUEUED, remote_job_origin=ORIGIN)
             in_progress = [r for r in instance.get_runs() if r.status == DagsterRunStatus.STARTED]
             if not TagConcurrencyLimitsCounter(limits, in_progress).is_blocked(queued):
                 instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, "train_job"),
@@ -100,5 +106,5 @@ def test_a_grow_never_shares_a_slot_with_a_run_the_coordinator_starts_while_it_c
     holding = [r.run_id for r in instance.get_runs() if r.status == DagsterRunStatus.STARTED
                and r.tags.get("ones/cpu-1") == "held"]
     assert holding == [c.run_id] and not made
-    b_now = instance.get_run_by_id(b.run_id)
-    assert RunInfo.from_tags(b.run_id, "STARTED", b_now.tags).slot_ids == (2,) and read_ledger(tmp_path / "b") == []
+    assert allocation_now(instance, b.run_id, tmp_path / "b").slot_ids == (2,) and read_ledger(tmp_path / "b") == []
+    assert read_resize_request(tmp_path / "b", 0) is None  # its launcher was not asked

@@ -118,6 +118,11 @@ def run_generation(project: Path, job: str, slots, generation: int, monkeypatch,
     return result, tags, logs, state_dir
 
 
+def launched(rr) -> RunAllocation:
+    """The allocation of a run request of ``train_job`` (its run config: not tags)."""
+    return RunAllocation.from_json(rr.run_config["ops"]["training_job"]["config"]["allocation"])
+
+
 def no_jobs_left() -> list[dict]:
     return sl.jobs_named("ones-", CONF)
 
@@ -237,7 +242,7 @@ def test_a_job_pending_forever_on_a_drained_node_fails_with_the_reason_and_is_pl
         for req in first.dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         rr = next(r for r in first.run_requests if r.job_name == "train_job")
-        slots = [int(s) for s in rr.tags["ones/slots"].split(",")]
+        slots = list(launched(rr).slot_ids)
         node = "n1" if slots[0] < 4 else "n2"
         sl.run_cli(["scontrol", "update", f"nodename={node}", "state=drain", "reason=taken-outside-ones"], CONF)
         try:
@@ -256,9 +261,9 @@ def test_a_job_pending_forever_on_a_drained_node_fails_with_the_reason_and_is_pl
                                          resources=defs.resources) as ctx:
                 again = sensor(ctx)
             retry = next(r for r in again.run_requests if r.job_name == "train_job")
-            new_slots = [int(s) for s in retry.tags["ones/slots"].split(",")]
+            new_slots = list(launched(retry).slot_ids)
             other = range(4, 8) if node == "n1" else range(0, 4)
-            assert int(retry.tags["ones/generation"]) > int(rr.tags["ones/generation"])
+            assert launched(retry).generation > launched(rr).generation
             assert all(s in other for s in new_slots), (node, new_slots)
         finally:
             sl.run_cli(["scontrol", "update", f"nodename={node}", "state=resume"], CONF)

@@ -25,6 +25,7 @@ from test_e2e import (  # noqa: E402
     failures_text,
     free_port,
     graphql,
+    launched_allocation,
     stop_ones_up,
     wait_for_webserver,
 )
@@ -154,10 +155,11 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     for r in runs:
         tags = {t["key"]: t["value"] for t in r["tags"]}
         if r["startTime"] is not None:
-            by_job.setdefault(tags["ones/job"], []).append({**tags, "status": r["status"]})
-    sizes = {job: {len(g["ones/slots"].split(",")) for g in gens} for job, gens in by_job.items()}
+            by_job.setdefault(tags["ones/job"], []).append({**tags, "status": r["status"],
+                                                            "allocation": launched_allocation(r)})
+    sizes = {job: {len(g["allocation"]["slot_ids"]) for g in gens} for job, gens in by_job.items()}
     preempted = [g for gens in by_job.values() for g in gens if (g.get("ones/outcome") or g["status"] == "CANCELED")
-                 and any(int(o["ones/generation"]) > int(g["ones/generation"]) for o in gens)]
+                 and any(o["allocation"]["generation"] > g["allocation"]["generation"] for o in gens)]
     # Whether ones shrinks a long job or preempts it for the short one depends on its search and the
     # timing of a loaded machine (both were seen): at least one running job's allocation must change.
     assert preempted or any(len(s) >= 2 for s in sizes.values()), f"no preemption or resize: {sizes} {by_job}"

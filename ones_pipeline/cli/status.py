@@ -63,7 +63,7 @@ def waiting_lines(rows: list[dict], runs, slot_ids, device: str) -> list[str]:
 
 
 def slots_text(device: str, run) -> str:
-    """The run's slots as its tags say: its allocation, and a slot it still holds while an in-place shrink
+    """The run's slots: its allocation, and a slot its tags still hold while an in-place shrink
     finishes ("cpu 0 (freeing 1)"; ``defs.slot_owner``)."""
     freeing = [s for s in run.held_ids if s not in run.slot_ids]
     return f"{device} " + ",".join(map(str, run.slot_ids)) + (f" (freeing {','.join(map(str, freeing))})"
@@ -89,7 +89,7 @@ def job_rows(env: EnvConfig, instance, device: str | None = None) -> list[dict]:
 
     specs, _ = load_job_specs(env.jobs_dir)
     finished = finished_jobs(instance)
-    runs = job_run_infos(instance)
+    runs = job_run_infos(instance, env.job_state_dir)
     try:
         progress = read_progress(env.tracking_uri(), env.mlflow.experiment, sorted(set(specs) | finished))
     except Exception as exc:  # status must work without MLflow (a dead server: TrackerError within 5 s)
@@ -175,7 +175,7 @@ def cmd_status(env: EnvConfig) -> int:
 
     with open_instance(env) as instance:
         rows = job_rows(env, instance, device)
-        waits = waiting_lines(rows, job_run_infos(instance), slot_ids, device)
+        waits = waiting_lines(rows, job_run_infos(instance, env.job_state_dir), slot_ids, device)
         if stopped := no_scheduler_line(instance):  # then no job waits for the policy: none decides
             waits = [f"{line.partition(' but the policy')[0]}, but {stopped}" for line in waits] or [stopped]
     print(format_table(rows, STATUS_COLUMNS))

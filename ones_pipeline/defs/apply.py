@@ -24,7 +24,7 @@ from ones_pipeline.config.layout import preempt_request_file
 from ones_pipeline.defs.resources import OnesEnvResource
 from ones_pipeline.defs.slot_owner import claim
 from ones_pipeline.scheduler.runs import IN_FLIGHT
-from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S, request_resize
+from ones_pipeline.train.resize_control import DEFAULT_RESIZE_TIMEOUT_S
 
 APPLY_JOB_NAME = "ones_apply"
 APPLY_TAG = "ones/apply"
@@ -130,9 +130,9 @@ def _cancel_all(context: dg.OpExecutionContext, cancels: list[dict], ones_env: O
 
 
 def _resize_all(context: dg.OpExecutionContext, resizes: list[dict], ones_env: OnesEnvResource) -> None:
-    """Ask each running generation of ``resizes`` for its new slots in place (``resize_control.request_resize``),
-    shrinks first: a grow claims its new slots on its run's tags once no other run holds them
-    (``slot_owner.claim``), which a shrink of the same tick does once its change is done. A run that is no
+    """Ask each running generation of ``resizes`` for its new slots in place (``slot_owner.claim``, which writes
+    ``resize_control.request_resize``), shrinks first: a grow claims its new slots on its run's tags once no other
+    run holds them, which a shrink of the same tick does once its change is done. A run that is no
     longer running is left alone (the next tick sees it and decides again)."""
     instance = context.instance
     env = ones_env.config()
@@ -145,8 +145,6 @@ def _resize_all(context: dg.OpExecutionContext, resizes: list[dict], ones_env: O
         job_dir = env.job_state_dir(r["job"])
         if not claim(instance, r, job_dir, DEFAULT_RESIZE_TIMEOUT_S + STOP_MARGIN_S, context.log.warning):
             continue
-        request_resize(job_dir, r["generation"], r["after"], global_batch=r["global_batch"], lr=r["lr"],
-                       reason=r["reason"])
         message = (f"resized in place by ones: {r['reason']} (job {r['job']} generation {r['generation']}: slots "
                    f"{r['before']} -> {r['after']}, global batch {r['global_batch']}; same run)")
         instance.report_engine_event(message, run)

@@ -20,7 +20,13 @@ import time
 import dagster as dg
 
 from ones_pipeline.config.layout import PROGRESS_FILE, newest_row, preempt_request_file
-from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, job_run_infos
+from ones_pipeline.defs.instance import (
+    JOBS_PARTITIONS_NAME,
+    REPORT_ASSET,
+    TRAIN_JOB_NAME,
+    TRAINING_ASSET,
+    job_run_infos,
+)
 from ones_pipeline.defs.launchers import StepLauncher
 from ones_pipeline.defs.progress_events import ProgressObserver
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
@@ -29,8 +35,7 @@ from ones_pipeline.defs.slot_owner import read_ledger
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import TAG_OUTCOME, held_periods
 
-JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name="training_jobs")
-TRAIN_JOB_NAME = "train_job"
+JOBS_PARTITIONS = dg.DynamicPartitionsDefinition(name=JOBS_PARTITIONS_NAME)
 REPORT_JOB_NAME = "report_job"
 
 
@@ -75,7 +80,8 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
         _refuse_manual_launch(context, job)
         return
     allocation = _allocation(job, config)
-    if (why := why_not_train(context.instance, context.run, allocation)) is not None:
+    if (why := why_not_train(context.instance, context.run, allocation,
+                             launcher.ones_env.config().job_state_dir)) is not None:
         end_untrained(context, why)  # a re-execution, a stale generation, a finished job: ends at once
         return
     context.log.info(f"{allocation.describe()}, launcher {type(launcher).__name__}")
@@ -107,8 +113,9 @@ def training_job(context: dg.AssetExecutionContext, config: TrainingRunConfig, l
                          "the job (stopped outside the scheduler?); its checkpoint is kept and the sensor "
                          "relaunches it")
     last_epoch = _last_event(launcher, allocation, started_s, "epoch") or {}
-    yield _materialization(context, allocation, mlflow, results[0], last_epoch.get("global_batch"),
-                           read_ledger(launcher.ones_env.config().job_state_dir(job)))
+    env = launcher.ones_env.config()
+    yield _materialization(context, allocation, mlflow, results[0], env.job_state_dir,
+                           last_epoch.get("global_batch"), read_ledger(env.job_state_dir(job)))
 
 
 @contextlib.contextmanager
@@ -188,16 +195,17 @@ def _report_preempted(context: dg.AssetExecutionContext, allocation: RunAllocati
 
 
 def _materialization(context, allocation: RunAllocation, mlflow: MlflowResource, result: dg.MaterializeResult,
-                     final_batch: int | None = None, ledger: list | None = None) -> dg.MaterializeResult:
+                     job_dir, final_batch: int | None = None, ledger: list | None = None) -> dg.MaterializeResult:
     """The partition's metadata: rounded, units in the names, slots named as the scheduler names them; the
-    global batch the job ended with (``final_batch``, from its last epoch, when it re-tuned its own)."""
+    global batch the job ended with (``final_batch``, from its last epoch, when it re-tuned its own). ``job_dir``:
+    a job's state directory (``EnvConfig.job_state_dir``: its runs' in-place changes)."""
     reported = {k: getattr(v, "value", v) for k, v in (result.metadata or {}).items()}
     if isinstance(reported.get("accuracy"), float):
         reported["accuracy"] = round(reported["accuracy"], 4)
     if isinstance(reported.get("epochs"), float):  # "1333.3413333333" on the partition page
         reported["epochs"] = round(reported["epochs"], 3)
     now = time.time()
-    runs = job_run_infos(context.instance, allocation.job)
+    runs = job_run_infos(context.instance, job_dir, allocation.job)
     ledger = ledger or []  # the job's slot ledger (``defs.slot_owner``): slot-time across in-place changes
     this = next((r for r in runs if r.run_id == context.run.run_id), None)  # its slots now, not at its start
     mlflow_run = str(reported.pop("mlflow_run_id", "") or "")
@@ -254,7 +262,8 @@ def cluster_report(context: dg.AssetExecutionContext, ones_env: OnesEnvResource,
             job=job, submit_s=submit_s, finish_s=finish_s, accuracy=_float(meta.get("accuracy")),
             samples=_float(meta.get("samples")), restarts=int(_float(meta.get("restarts")) or 0),
             model=str(meta.get("model", ""))))
-    spans = [RunSpan(r.job, r.generation, slots, start, end, r.status) for r in job_run_infos(instance)
+    spans = [RunSpan(r.job, r.generation, slots, start, end, r.status)
+             for r in job_run_infos(instance, env.job_state_dir)
              for start, end, slots in held_periods(r, read_ledger(env.job_state_dir(r.job)), time.time())]
     out_dir = env.layout.report_dir
     slots = inventory.discover()

@@ -5,15 +5,18 @@ Public Dagster APIs only (``dg.DagsterInstance``, ``dg.RunsFilter``, ``dg.Dagste
 """
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import dagster as dg
 
 from ones_pipeline.config import ConfigError, EnvConfig
-from ones_pipeline.scheduler.runs import SLOT_HELD, TAG_JOB, TAG_MANAGED, RunInfo, slot_tag
+from ones_pipeline.scheduler.runs import SLOT_HELD, TAG_JOB, RunInfo, slot_tag
+from ones_pipeline.train.resize_control import read_resize_request
 
 TRAINING_ASSET = "training_job"
+TRAIN_JOB_NAME = "train_job"  # the Dagster job of the training runs (the sensor's run requests)
+JOBS_PARTITIONS_NAME = "training_jobs"  # the training asset's partitions: one per job
 REPORT_ASSET = "cluster_report"
 IN_FLIGHT_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
                       dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -54,19 +57,31 @@ def open_instance(env: EnvConfig) -> dg.DagsterInstance:
     return dg.DagsterInstance.from_config(str(home))
 
 
-def job_run_infos(instance: dg.DagsterInstance, job: str | None = None) -> list[RunInfo]:
-    """Every managed training run (of ``job``) the instance knows, with start/end times."""
-    tags = {TAG_MANAGED: "true"}
-    if job is not None:
-        tags[TAG_JOB] = job
-    out = []
-    for rec in instance.get_run_records(dg.RunsFilter(tags=tags)):
-        run = rec.dagster_run
-        info = RunInfo.from_tags(run.run_id, run.status.value, run.tags, rec.create_timestamp.timestamp(),
-                                 rec.start_time, rec.end_time)
-        if info is not None:
-            out.append(info)
-    return out
+def run_info(run: dg.DagsterRun, job_dir: Callable[[str], Path], record: dg.RunRecord | None = None) -> RunInfo | None:
+    """``run`` as the scheduler sees it (``RunInfo.from_run``), or None when it is not a generation of a job: no
+    ``ones/job`` tag or no allocation in its config, a re-execution (Dagster copies the parent's config and tags;
+    ``defs.run_guard`` ends it untrained), or a run the guard ended. Its allocation: the run config's, changed by
+    its generation's newest in-place change request in ``job_dir(job)`` (``train.resize_control``)."""
+    if TAG_JOB not in run.tags or run.parent_run_id is not None:
+        return None
+    config = ((run.run_config or {}).get("ops") or {}).get(TRAINING_ASSET, {}).get("config") or {}
+    times = (record.create_timestamp.timestamp(), record.start_time, record.end_time) if record else (0.0,)
+    info = RunInfo.from_run(run.run_id, run.status.value, run.tags, config, None, *times)
+    if info is not None and (change := read_resize_request(job_dir(info.job), info.generation)) is not None:
+        info = RunInfo.from_run(run.run_id, run.status.value, run.tags, config, change, *times)
+    return info
+
+
+def job_run_infos(instance: dg.DagsterInstance, job_dir: Callable[[str], Path],
+                  job: str | None = None) -> list[RunInfo]:
+    """Every training run (of ``job``; else of every job, a partition of ``training_job``) with start/end times
+    (``run_info``). ``job_dir``: a job's state directory (``EnvConfig.job_state_dir``), where its in-place change
+    requests are."""
+    jobs = [job] if job is not None else instance.get_dynamic_partitions(JOBS_PARTITIONS_NAME)
+    if not jobs:
+        return []
+    records = instance.get_run_records(dg.RunsFilter(tags={TAG_JOB: jobs if len(jobs) > 1 else jobs[0]}))
+    return [info for rec in records if (info := run_info(rec.dagster_run, job_dir, rec)) is not None]
 
 
 def finished_jobs(instance: dg.DagsterInstance) -> set[str]:
@@ -83,7 +98,7 @@ def drain(env: EnvConfig, instance: dg.DagsterInstance, timeout_s: float | None 
     """Before Dagster stops: pause the sensor, cancel every in-flight training run (each step checkpoints
     and its run ends CANCELED rather than FAILED) and wait for them. Returns how many were cancelled."""
     env.layout.paused.touch()
-    flt = dg.RunsFilter(statuses=IN_FLIGHT_STATUSES, tags={TAG_MANAGED: "true"})
+    flt = dg.RunsFilter(job_name=TRAIN_JOB_NAME, statuses=IN_FLIGHT_STATUSES)
     runs = instance.get_runs(flt)
     for run in runs:
         if run.status != dg.DagsterRunStatus.CANCELING:
@@ -106,7 +121,7 @@ def release_orphaned_runs(instance: dg.DagsterInstance, process_cmdlines: str) -
     all of them joined) mentions its id.
     """
     statuses = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-    runs = instance.get_runs(dg.RunsFilter(statuses=statuses, tags={TAG_MANAGED: "true"}))
+    runs = instance.get_runs(dg.RunsFilter(job_name=TRAIN_JOB_NAME, statuses=statuses))
     released = []
     for run in runs:
         if run.run_id in process_cmdlines:

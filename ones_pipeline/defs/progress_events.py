@@ -28,9 +28,8 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.config.layout import ProgressTail, newest_row
-from ones_pipeline.defs.slot_owner import free_given_back, record
+from ones_pipeline.defs.slot_owner import allocation_now, free_given_back, record
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.runs import TAG_RESIZED_AT, TAG_SLOTS
 
 POLL_S = 2.0
 # At most one observation per this many seconds (the first epoch of a generation always): one per epoch
@@ -108,9 +107,8 @@ class ProgressObserver:
         """An in-place change is done (or fell back to a checkpoint, in the same run): free the slots given
         up, say it in the run log, on the partition and on the MLflow run."""
         instance, run_id = self.context.instance, self.context.run.run_id
-        run = instance.get_run_by_id(run_id)
-        tags = run.tags if run is not None else {}
-        slots = [s for s in tags.get(TAG_SLOTS, "").split(",") if s.strip()]
+        now = allocation_now(instance, run_id, self.path.parent)
+        slots = [str(s) for s in (now.slot_ids if now else ())]
         if int(row.get("to") or 0) != len(slots):
             return  # an earlier change's event: the run has been asked for another since
         freed = free_given_back(instance, run_id, self.allocation.device, self.path.parent,
@@ -118,7 +116,7 @@ class ProgressObserver:
         old, new = int(row.get("from") or 0), int(row.get("to") or 0)
         word = "GPU" if self.allocation.device == "gpu" else "CPU slot"
         verb = "grew" if new > old else "shrank" if new < old else "moved"
-        took = float(row.get("time_s") or 0.0) - float(tags.get(TAG_RESIZED_AT) or 0.0)
+        took = float(row.get("time_s") or 0.0) - (now.resized_s or 0.0)
         took_text = f" in {took:.1f} s" if 0 < took < 3600 else ""
         if row.get("event") == "resized":
             paused = f", {float(row['paused_s']):.2f} s without training" if row.get("paused_s") is not None else ""

@@ -3,7 +3,8 @@
 Each tick (DESIGN.md section 6):
 1. job specs in ``assets/jobs`` -> partitions of ``training_job`` (a bad file is reported once, with
    file, field and allowed values, and skipped; the others keep running);
-2. the in-flight runs (tags ``ones/job``, ``ones/slots``, ``ones/generation``) are the current schedule;
+2. the in-flight runs of ``train_job`` (tag ``ones/job``; generation, slots and batch from the run config and
+   the generation's in-place change request, ``defs.instance.run_info``) are the current schedule;
 3. progress (samples, throughput per configuration, loss/accuracy) is read from MLflow, the slots from
    the inventory resource (once);
 4. ``scheduler.plan_tick`` decides (no Dagster in it);
@@ -14,9 +15,9 @@ Each tick (DESIGN.md section 6):
    does not stop in time is cancelled through Dagster), then asks each in-place change of its running
    generation (the same run spans it; ``defs.slot_owner`` moves the slot tags), and writes the decision log
    and state files, launched by the daemon for committed ticks only;
-6. new allocations become run requests keyed ``<job>-g<generation>``, one ``ones/gpu-<id>``
-   (``ones/cpu-<id>``) tag per slot valued ``held``, the ``RunAllocation`` as JSON in the run config with
-   the reason and the slots before (``Launch.run_config``; not tags: the runs list shows every tag);
+6. new allocations become run requests keyed ``<job>-g<generation>``, tagged ``ones/job`` and one
+   ``ones/gpu-<id>`` (``ones/cpu-<id>``) tag per slot valued ``held``, the ``RunAllocation`` as JSON in the run
+   config with the reason and the slots before (``Launch.run_config``; not tags: the runs list shows every tag);
 7. the cursor keeps what the next tick needs to be idempotent, of the jobs not finished (``forget_finished``:
    bounded, whatever the number of finished jobs); the policy's search state goes to
    ``policy/<ref>.json`` through the apply run (committed ticks only), the cursor names it (``policy_ref``).
@@ -194,7 +195,7 @@ def scheduler_tick(context: dg.SensorEvaluationContext, env: EnvConfig, mlflow: 
     specs, errors = load_job_specs(env.jobs_dir)
     specs, held = with_declared(instance, specs, errors, declared, env.jobs_dir)
     new_keys = sorted((set(specs) | set(held)) - set(instance.get_dynamic_partitions(JOBS_PARTITIONS.name)))
-    runs = job_run_infos(instance)
+    runs = job_run_infos(instance, env.job_state_dir)
     finished = finished_jobs(instance)
     try:
         slots = inventory.discover()

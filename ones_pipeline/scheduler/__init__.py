@@ -4,7 +4,6 @@ from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.scheduler.runs import (
     IN_FLIGHT,
     TAG_JOB,
-    TAG_MANAGED,
     Cancel,
     Decision,
     Launch,
@@ -17,6 +16,6 @@ from ones_pipeline.scheduler.runs import (
 from ones_pipeline.scheduler.settings import SchedulerSettings
 from ones_pipeline.scheduler.tick import TickInputs, plan_tick, progress_wanted
 
-__all__ = ["IN_FLIGHT", "TAG_JOB", "TAG_MANAGED", "Cancel", "Decision", "Launch", "ProgressInfo", "RunAllocation",
+__all__ = ["IN_FLIGHT", "TAG_JOB", "Cancel", "Decision", "Launch", "ProgressInfo", "RunAllocation",
            "Resize", "RunInfo", "SchedulerSettings", "TickInputs", "TickPlan", "plan_tick", "progress_wanted",
            "slot_tag"]

@@ -15,19 +15,19 @@ from typing import Any
 from ones_pipeline.core.types import JobSpec, ThroughputObs, spec_to_dict
 from ones_pipeline.scheduler.allocation import RunAllocation
 
-# Run tags (Dagster tag keys: letters, digits, '-', '_', '.', '/').
-TAG_MANAGED = "ones/managed"
+# Run tags (Dagster tag keys: letters, digits, '-', '_', '.', '/'): only what a user filters the runs list by and
+# what Dagster's tag concurrency limits count. The rest of a run's bookkeeping is in its run config (the allocation
+# it was launched with: generation, slots, batch; ``Launch.run_config``) and, for what changes while it runs, in
+# its generation's in-place change request (``train.resize_control``: slots, batch, when), read with
+# ``RunInfo.from_run``: each tag is a line of every row of Dagster's runs list.
 TAG_JOB = "ones/job"
-TAG_GENERATION = "ones/generation"
-TAG_SLOTS = "ones/slots"  # comma-separated slot ids, e.g. "0,1" (GPU ids, or CPU slot numbers)
-TAG_BATCH = "ones/global-batch"
-TAG_OUTCOME = "ones/outcome"  # set when a run is preempted after a clean checkpoint: "preempted, checkpointed"
-TAG_RESIZED_AT = "ones/resized-at"  # when the apply run last asked the run to change its slots in place (epoch s)
+TAG_OUTCOME = "ones/outcome"  # set when a run ends without training on: "preempted, checkpointed" or:
+OUTCOME_NOT_TRAINED = "not trained: not a run the scheduler wants"  # it ended at once (``defs.run_guard``)
 # Slot ownership: one tag per slot a run has held, ``ones/gpu-<id>`` or ``ones/cpu-<id>``, valued ``held`` while
 # the run holds the slot and ``free`` once it gave it back in place. dagster.yaml limits each (key, ``held``) pair
 # to one in-flight run (``defs.instance.instance_yaml``). A tag cannot be removed from a run but its value can
 # change (``add_run_tags``), so an in-place grow claims a slot (adds ``held``) and a shrink frees one (``free``).
-# ``ones/slots`` is the run's allocation: the slots it trains on, or will once its in-place change is done.
+# The run's allocation (``RunInfo.slot_ids``) is the slots it trains on, or will once its in-place change is done.
 SLOT_HELD = "held"
 SLOT_FREE = "free"
 
@@ -65,7 +65,7 @@ class RunInfo:
     end_s: float | None = None
     failure_reason: str = ""  # Dagster's ``dagster/failure_reason`` of a failed run
     held: tuple[int, ...] | None = None  # slots whose tag says ``held`` (None: as ``slot_ids``)
-    resized_s: float | None = None  # when its slots were last changed in place (``TAG_RESIZED_AT``)
+    resized_s: float | None = None  # when its slots were last asked to change in place (the request's time)
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -83,17 +83,35 @@ class RunInfo:
         return self.status in ENDED_BAD and self.failure_reason in INFRA_FAILURES
 
     @classmethod
-    def from_tags(cls, run_id: str, status: str, tags: Mapping[str, str], created_s: float = 0.0,
-                  start_s: float | None = None, end_s: float | None = None) -> RunInfo | None:
-        if tags.get(TAG_MANAGED) != "true" or TAG_JOB not in tags:
+    def from_run(cls, run_id: str, status: str, tags: Mapping[str, str], config: Mapping[str, Any],
+                 change: Mapping[str, Any] | None = None, created_s: float = 0.0, start_s: float | None = None,
+                 end_s: float | None = None) -> RunInfo | None:
+        """One run of a training job as the scheduler sees it, or None when it is not one (no ``ones/job`` tag,
+        no allocation in its config, or it ended without training: ``defs.run_guard``). ``config``: the training
+        asset's run config (``Launch.run_config``: the allocation it was launched with); ``change``: its
+        generation's newest in-place change request (``train.resize_control.read_resize_request``: ``slots``,
+        ``global_batch``, ``time_s``, ``run_id``): made for this run (the apply run's, ``defs.slot_owner.claim``),
+        it is the run's allocation since; one without the run's id (a shell's, a benchmark's) is not."""
+        if TAG_JOB not in tags or tags.get(TAG_OUTCOME) == OUTCOME_NOT_TRAINED:
             return None
-        slots = tuple(int(s) for s in tags.get(TAG_SLOTS, "").split(",") if s.strip())
+        try:
+            alloc = json.loads(config["allocation"])
+            generation, slots, batch = int(alloc["generation"]), tuple(int(s) for s in alloc["slot_ids"]), \
+                int(alloc["global_batch"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        resized = None
+        if change and change.get("run_id") == run_id:
+            try:
+                slots = tuple(int(s) for s in change["slots"])
+                batch = int(change.get("global_batch") or batch)
+                resized = float(change["time_s"])
+            except (KeyError, TypeError, ValueError):
+                pass
         held = tuple(sorted(int(k.rsplit("-", 1)[1]) for k, v in tags.items()
                             if k.startswith(("ones/cpu-", "ones/gpu-")) and v != SLOT_FREE))
-        resized = tags.get(TAG_RESIZED_AT)
-        return cls(run_id, tags[TAG_JOB], int(tags.get(TAG_GENERATION, 0)), slots, status,
-                   int(tags.get(TAG_BATCH, 0)), created_s, start_s, end_s, tags.get(TAG_FAILURE_REASON, ""),
-                   held, float(resized) if resized else None)
+        return cls(run_id, tags[TAG_JOB], generation, slots, status, batch, created_s, start_s, end_s,
+                   tags.get(TAG_FAILURE_REASON, ""), held, resized)
 
     @property
     def in_flight(self) -> bool:
@@ -186,17 +204,14 @@ class Launch:
         return f"{self.job}-g{self.generation}"
 
     def tags(self) -> dict[str, str]:
-        """The run's tags: only what the runs list is filtered by and the scheduler reads back (job, generation,
-        slots, batch, one tag per slot for the concurrency limits). Why the run was made and the slots before go to
-        its run config and its log's first line (``run_config``): a 200-character reason made each row of the runs
-        list 200 px tall, and cut off."""
-        tags = {TAG_MANAGED: "true", TAG_JOB: self.job, TAG_GENERATION: str(self.generation),
-                TAG_SLOTS: ",".join(str(s) for s in self.slot_ids), TAG_BATCH: str(self.global_batch)}
-        tags.update({slot_tag(s, self.allocation.device): SLOT_HELD for s in self.slot_ids})
-        return tags
+        """The run's tags: the job (what the runs list is filtered by) and one tag per slot for the concurrency
+        limits. Everything else the scheduler reads back is in the run config (``run_config``): each tag is a line
+        of the run's row in Dagster's runs list (ten tags made each row 200 px tall, the reason cut off)."""
+        return {TAG_JOB: self.job, **{slot_tag(s, self.allocation.device): SLOT_HELD for s in self.slot_ids}}
 
     def run_config(self) -> dict[str, str]:
-        """The training asset's config of the run: the allocation (JSON), why, and the slots before ("-": none)."""
+        """The training asset's config of the run: the allocation (JSON: generation, slots, batch, LR, the spec),
+        why, and the slots before ("-": none). ``RunInfo.from_run`` reads it back."""
         return {"allocation": self.allocation.to_json(), "reason": self.reason,
                 "previous_slots": ",".join(str(s) for s in self.previous_slot_ids) or "-"}
 

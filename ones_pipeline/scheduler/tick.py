@@ -10,7 +10,8 @@ spirit of blox's round loop::
 
 The rule "the runs are the truth" lives here:
 
-- the current schedule is the newest in-flight run of each job (its tags name its slots and batch);
+- the current schedule is the newest in-flight run of each job (``RunInfo``: its allocation, as launched or
+  changed in place since, names its slots and batch);
 - a job's next generation is one more than the highest generation any of its runs ever had, so a
   re-evaluated tick produces the same run key and launches nothing twice;
 - the policy state travels in the cursor; losing it costs search quality, never a decision already
@@ -105,7 +106,8 @@ class _State:
     # model -> [samples, noise scale]: the noise scale its jobs measured earliest in their training
     model_gns: dict[str, list[float]] = field(default_factory=dict)
     # run id -> [when a committed tick asked it to change in place, its new slot ids]: its slots until its
-    # tags show them (the apply run sets them), so later ticks neither decide the change again nor undo it
+    # allocation shows them (the apply run writes the request), so later ticks neither decide the change again
+    # nor undo it
     resizing: dict[str, list] = field(default_factory=dict)
     # kind of change -> [when, seconds] rows this deployment measured, newest last (``change_costs.remember``)
     change_costs: dict[str, list[list[float]]] = field(default_factory=dict)
@@ -242,8 +244,8 @@ def current_schedule(inputs: TickInputs, state: _State, plan: TickPlan) -> _Curr
 
 
 def _pending_slots(inputs: TickInputs, state: _State, run: RunInfo) -> tuple[int, ...]:
-    """The run's slots: those an in-place change a committed tick asked for, until its tags show them (or the
-    request is older than ``CANCEL_PENDING_S``: its apply run did not carry it out), else its tags'."""
+    """The run's slots: those an in-place change a committed tick asked for, until its allocation shows them (or
+    the request is older than ``CANCEL_PENDING_S``: its apply run did not carry it out), else its allocation's."""
     asked = state.resizing.get(run.run_id)
     if asked is None or tuple(asked[1]) == run.slot_ids or inputs.now - asked[0] >= CANCEL_PENDING_S:
         state.resizing.pop(run.run_id, None)

@@ -59,10 +59,12 @@ def resize_request_file(job_dir: Path | str, generation: int) -> Path:
 
 
 def request_resize(job_dir: Path | str, generation: int, slots: Sequence[int], *, global_batch: int | None = None,
-                   lr: float | None = None, reason: str = "") -> str:
+                   lr: float | None = None, reason: str = "", run_id: str | None = None) -> str:
     """Ask the running launcher of ``generation`` to train on ``slots`` (their ids, one rank each) in place;
     return the request's id. ``global_batch``/``lr``: default the core rule for the new count. A later request
-    replaces one not yet carried out. The launcher's log and the job's ``progress.jsonl`` say what happened."""
+    replaces one not yet carried out. The launcher's log and the job's ``progress.jsonl`` say what happened.
+    ``run_id``: the Dagster run of the generation; the file is then also that run's record of its allocation
+    (``read_resize_request``, ``scheduler.runs.RunInfo.from_run``), kept after the change."""
     slots = [int(s) for s in slots]
     if not slots or len(set(slots)) != len(slots) or min(slots) < 0:
         raise ValueError(f"slots must be distinct ids >= 0, at least one; got {slots}")
@@ -72,9 +74,15 @@ def request_resize(job_dir: Path | str, generation: int, slots: Sequence[int], *
     path = resize_request_file(job_dir, generation)
     tmp = path.with_name(f".{path.name}.{rid}.tmp")
     tmp.write_text(json.dumps({"id": rid, "slots": slots, "global_batch": global_batch, "lr": lr, "reason": reason,
-                               "time_s": time.time()}))
+                               "time_s": time.time(), **({"run_id": run_id} if run_id else {})}))
     os.replace(tmp, path)
     return rid
+
+
+def read_resize_request(job_dir: Path | str, generation: int) -> dict | None:
+    """The newest in-place change asked of ``generation`` (``request_resize``'s fields), or None (none asked,
+    or an unreadable file: written atomically, a file is whole or absent)."""
+    return _read_json(resize_request_file(job_dir, generation))
 
 
 def _read_json(path: Path) -> dict | None:
