@@ -2,9 +2,10 @@
 hands the figures to the policy as ``JobView.change_costs`` and quotes them in its reasons; slots it leaves idle
 beside a job that could use them are explained."""
 
-from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule
+from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule, ThroughputObs
 from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
 from ones_pipeline.scheduler.change_costs import KEPT, PRIOR, costs, remember
+from ones_pipeline.scheduler.runs import ProgressInfo
 
 
 def spec(name, epochs=50.0, max_gpus=2):
@@ -33,10 +34,11 @@ EVENTS = {"old": [ev("training", 0, 120.0), ev("resized", 0, 300.0, **{"from": 1
           "long": [ev("training", 0, 230.0), ev("resized", 0, 400.0, **{"from": 1, "to": 2, "paused_s": 1.2})]}
 
 
-def plan(runs, events, launcher="subprocess", cursor=None, now=1000.0, policy="ones", specs=None, **settings):
+def plan(runs, events, launcher="subprocess", cursor=None, now=1000.0, policy="ones", specs=None, progress=None,
+         **settings):
     specs = specs or [spec("long", 2000), spec("short", 2)]
     inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=frozenset({"old"}), runs=runs,
-                        progress={}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {},
+                        progress=progress or {}, slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {},
                         change_events=events)
     return plan_tick(inputs, SchedulerSettings(policy=policy, params={"generations": 5} if policy == "ones" else {},
                                                launcher=launcher, **settings))
@@ -78,7 +80,10 @@ def test_a_slot_left_idle_beside_a_job_that_could_use_it_says_why():
     """fifo keeps 'long' on the 1 slot it requested while the other stays idle: the plan says why (the
     estimate on both slots, the grow included); a run held young says that instead."""
     runs = [run("long", 0, [0], created=900.0)]
-    p = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)])
+    timed = {"long": ProgressInfo(samples_done=3200.0, throughput_obs=(ThroughputObs(1, 1, 32, 0.02, 0.0),))}
+    untimed = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)])
+    assert untimed.idle["long"].startswith("1 slot(s) idle beside it: not measured yet")  # nothing to predict from
+    p = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)], progress=timed)
     assert set(p.idle) == {"long"}
     assert p.idle["long"].startswith("1 slot(s) idle beside it: predicted to finish in ") and "on 2 incl. the grow" \
         in p.idle["long"]
