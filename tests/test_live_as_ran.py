@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ones_pipeline.adapters.live_ab import MeasuredTruth
+from ones_pipeline.adapters.live_ab import LIVE_CHANGE_COSTS, LiveViews, MeasuredTruth, sim_workload
 from ones_pipeline.adapters.live_as_ran import as_ran_json, held_stretches, rates_as_ran, replay, thinned
+from ones_pipeline.config import parse_job_spec
+from ones_pipeline.core.types import Allocation, Cluster, Schedule, lr_for_batch
 from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.sim.engine import SimConfig, simulate
 
 
 def _run(job, gen, slots, start, end):
@@ -72,3 +75,51 @@ def test_the_replay_of_a_run_reflects_its_jobs_slowing_each_other_down():
 def test_replay_refuses_what_is_not_a_record():
     with pytest.raises(ValueError, match="not a live_ab.py --json record"):
         replay({"mix": []}, ["fifo"], seed=0)
+
+
+class _Newest:
+    """A stand-in policy: the one slot to the job submitted last, whatever runs."""
+
+    name = "newest"
+
+    def decide(self, now_s, cluster, jobs, current):
+        j = max(jobs, key=lambda v: (v.submit_time_s, v.name))
+        return Schedule({j.name: Allocation(j.name, (0,), 32, lr_for_batch(j.spec, 32))})
+
+    def to_dict(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+
+def _starts(views: LiveViews, interval_s: float) -> dict[str, float]:
+    """When each of a (arriving at 0 s) and b (at 10 s) first got the slot, on one slot."""
+    spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 1,
+            "stopping": {"samples": 32000}}  # 100 s each
+    specs = [parse_job_spec(spec, name, default_name=name) for name in ("a", "b")]
+    workload = sim_workload(specs, {"a": 0.0, "b": 10.0}, {"a": 32000.0, "b": 32000.0},
+                            {"a": {(1, 32): 0.1}, "b": {(1, 32): 0.1}}, 1.0)
+    result = simulate(workload, views, Cluster.uniform(1, 1), SimConfig(interval_s=interval_s,
+                                                                         change_costs=LIVE_CHANGE_COSTS))
+    out: dict[str, float] = {}
+    for t, job, gpus in result.timeline:
+        if gpus:
+            out.setdefault(job, t)
+    return out
+
+
+def test_the_replay_holds_a_young_run_as_the_live_tick_does():
+    """b arrives at 10 s and the policy gives it a's slot at once; the live tick keeps a run younger than
+    min_run_s (30 s) as it is, so b starts at 30 s."""
+    assert _starts(LiveViews(_Newest()), 5.0)["b"] == 10.0
+    assert _starts(LiveViews(_Newest(), min_run_s=30.0), 5.0)["b"] == 30.0
+
+
+def test_the_replay_decides_at_the_live_sensors_ticks():
+    """Ticks recorded at 0, 12.2 and 24.9 s (then every 12.45 s): in rounds of 1 s, b (arriving at 10 s) is seen
+    at the round nearest 12.2 s."""
+    assert _starts(LiveViews(_Newest()), 1.0)["b"] == 10.0
+    views = LiveViews(_Newest(), ticks_s=[0.0, 12.2, 24.9])
+    assert _starts(views, 1.0)["b"] == 12.0
+    assert [views._tick(i) for i in (2, 3, 4)] == pytest.approx([24.9, 37.35, 49.8])

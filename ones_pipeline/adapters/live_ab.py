@@ -34,6 +34,7 @@ from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
 from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.scheduler.tick import hold_young_runs
 from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
@@ -281,18 +282,47 @@ class MeasuredTruth:
 
 
 class LiveViews:
-    """A policy that sees jobs as the live sensor shows them: with the gradient noise scale each job measured
-    when the replay has them (``noise``: the sensor reads it from MLflow), else without one."""
+    """A policy as the live scheduler runs it. It sees the jobs as the live sensor shows them: with the gradient
+    noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
+    without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
+    does (``scheduler.tick.hold_young_runs``), a job whose allocation changed less than that long ago keeps
+    it, and so does any job whose new allocation needs its slots, whatever the policy decided. With ``ticks_s``
+    (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
+    decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
+    rounds nothing changes."""
 
-    def __init__(self, policy, noise: bool = False) -> None:
+    def __init__(self, policy, noise: bool = False, min_run_s: float = 0.0, ticks_s: Sequence[float] = ()) -> None:
         self.policy = policy
         self.name = policy.name
         self.noise = noise
+        self.min_run_s = float(min_run_s)
+        self.ticks = sorted(float(t) for t in ticks_s)
+        self._every = float(np.mean(np.diff(self.ticks))) if len(self.ticks) > 1 else 0.0
+        self._next = 0
+
+    def _tick(self, i: int) -> float:
+        """The ``i``-th tick: as recorded; after the last recorded one, every mean interval."""
+        last = len(self.ticks) - 1
+        return self.ticks[i] if i <= last else self.ticks[last] + (i - last) * self._every
+
+    def _due(self, now_s: float) -> bool:
+        """Whether a live tick fell since the last round (always, without recorded ticks)."""
+        if not self.ticks or (self._next >= len(self.ticks) and self._every <= 0):
+            return True
+        due = False
+        while self._tick(self._next) < now_s + 0.5:
+            self._next, due = self._next + 1, True
+        return due
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
+        if not self._due(now_s):
+            return Schedule(dict(current.allocations))
         if not self.noise:
             jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
-        return self.policy.decide(now_s, cluster, jobs, current)
+        new = self.policy.decide(now_s, cluster, jobs, current)
+        young = [j.name for j in jobs if j.name in current.allocations and j.last_change_s is not None
+                 and now_s - j.last_change_s < self.min_run_s]
+        return hold_young_runs(new, current, dict.fromkeys(young)) if young else new
 
     def to_dict(self) -> dict:
         return self.policy.to_dict()

@@ -17,6 +17,7 @@ them from kept projects.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -32,6 +33,7 @@ from ones_pipeline.adapters.live_ab import (
     sim_workload,
 )
 from ones_pipeline.config import EnvConfig, parse_job_spec
+from ones_pipeline.config.env import SchedulerConfig
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
 from ones_pipeline.scheduler.runs import RunInfo, held_periods
@@ -113,18 +115,33 @@ def as_ran_json(rates: Mapping[str, Mapping[tuple[int, int], float]],
             "noise": {job: [[float(s), float(g)] for s, g in thinned(rows)] for job, rows in noise.items() if rows}}
 
 
+def sensor_ticks(instance) -> list[float]:
+    """Unix times of the scheduler sensor's ticks the Dagster instance recorded, oldest first."""
+    from ones_pipeline.defs.sensor import SENSOR_NAME
+
+    for state in instance.all_instigator_state():
+        if state.instigator_name == SENSOR_NAME:
+            return sorted(t.timestamp for t in instance.get_ticks(state.instigator_origin_id, state.selector_id))
+    return []
+
+
 def project_as_ran(env: EnvConfig, jobs: Sequence[str], now_s: float | None = None) -> dict:
-    """``as_ran_json`` of one policy's project: its Dagster runs, its jobs' slot ledgers and MLflow runs."""
+    """``as_ran_json`` of one policy's project: its Dagster runs, its jobs' slot ledgers and MLflow runs, with
+    ``ticks_s``: its sensor's tick times, s after the first, and ``launch_s``: the mean time from the tick
+    that decided a run to the run's creation (the live hold of a young run counts from its creation)."""
     from ones_pipeline.defs.instance import job_run_infos, open_instance
     from ones_pipeline.defs.slot_owner import read_ledger
 
     with open_instance(env) as instance:
-        runs = job_run_infos(instance)
+        runs, ticks = job_run_infos(instance), sensor_ticks(instance)
     ledgers = {job: read_ledger(env.layout.job_dir(job)) for job in jobs}
     history = {job: mlflow_history(env, job) for job in jobs}
     stretches = held_stretches(runs, ledgers, time.time() if now_s is None else now_s)
     rates = rates_as_ran({job: h[0] for job, h in history.items()}, stretches)
-    return as_ran_json(rates, {job: h[1] for job, h in history.items()})
+    launch = [r.created_s - ticks[i] for r in runs if (i := bisect.bisect_right(ticks, r.created_s) - 1) >= 0]
+    return {**as_ran_json(rates, {job: h[1] for job, h in history.items()}),
+            "ticks_s": [round(t - ticks[0], 2) for t in ticks],
+            "launch_s": round(float(np.mean(launch)), 3) if launch else 0.0}
 
 
 def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Mapping | None = None,
@@ -132,7 +149,9 @@ def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Map
     """``sim_figures`` per policy of a ``benchmarks/live_ab.py --json`` record: a policy whose run the record
     has ``as_ran`` of is replayed as that run ran (its rates, noise scales, start cost ``to_progress_s`` and
     submit offsets); any other from the step times alone (pooled over the runs; the recorded start-up; the
-    mix's offsets; no noise scale). ``ones_params``: the ``ones`` policy's options."""
+    mix's offsets; no noise scale; a round every ``interval_s``). A run with its sensor's ticks (``ticks_s``) is
+    replayed in rounds of 1 s, its policy deciding at those ticks (``LiveViews``). ``ones_params``: the ``ones``
+    policy's options."""
     try:
         specs = [parse_job_spec(m["spec"], f"<record: {m['spec']['name']}>") for m in record["mix"]]
         steps = {job: {tuple(int(x) for x in key.split("x")): float(t) for key, t in times.items()}
@@ -146,7 +165,7 @@ def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Map
     for name in policies:
         ran, live = record.get("as_ran", {}).get(name), record.get("live", {}).get(name, {})
         rates = noise = None
-        at, cost = offsets, start_s
+        at, cost, ticks, launch = offsets, start_s, (), 0.0
         if ran is not None:
             rates = {job: {tuple(int(x) for x in key.split("+")): float(r) for key, r in m.items()}
                      for job, m in ran["rates"].items()}
@@ -154,9 +173,11 @@ def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Map
             at = {job: float(live.get("submit_offset_s", {}).get(job, offsets[job])) for job in offsets}
             cost = float(live.get("to_progress_s", math.nan))
             cost = cost if math.isfinite(cost) else start_s
+            ticks, launch = ran.get("ticks_s", ()), float(ran.get("launch_s", 0.0))
         workload = sim_workload(specs, at, totals, steps, cost, rates, noise)
         policy = make_policy(name, seed=seed, **(dict(ones_params or {}) if name == "ones" else {}))
-        config = SimConfig(interval_s=interval_s, change_costs=LIVE_CHANGE_COSTS)
-        out[name] = sim_figures(simulate(workload, LiveViews(policy, noise=bool(noise)), Cluster.uniform(1, slots),
-                                         config))
+        config = SimConfig(interval_s=1.0 if ticks else interval_s, change_costs=LIVE_CHANGE_COSTS)
+        hold = SchedulerConfig.min_run_s + launch if ran is not None else 0.0  # from the run's creation
+        views = LiveViews(policy, noise=bool(noise), min_run_s=hold, ticks_s=ticks)
+        out[name] = sim_figures(simulate(workload, views, Cluster.uniform(1, slots), config))
     return out
