@@ -13,10 +13,11 @@ first job is the longest, so the cluster never idles before the last arrival (``
 Printed per policy: mean JCT, makespan, restarts (generations beyond the first, summed), start-up (a run's
 Dagster start -> its first training progress, mean), queued (its creation -> start, mean), the mean 1-min
 load average while it ran (the cores may be shared: a busy machine slows, and skews, every figure) and the
-ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying the specs and
-arrival offsets with each job's step time per GPU count measured live (``adapters.live_ab``), per-job
-JCTs live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
-Definitions: ``ones_pipeline/adapters/live_ab.py``.
+ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying each policy's
+run as it ran (``adapters.live_as_ran``: its jobs' samples per wall-clock second beside the other jobs, its
+start-up, submit offsets and sensor ticks; recorded per policy as ``as_ran`` in ``--json``), per-job JCTs
+live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
+Definitions: ``ones_pipeline/adapters/live_ab.py``, ``live_as_ran.py``.
 
 Exit status 1 when a run does not finish within ``--timeout`` s (or fails); the other policies still run,
 and the figures (and ``--json``) of those that finished are written. Every draw comes from
@@ -301,9 +302,9 @@ def report(args, mix, results, walls) -> dict:
     kind = "slots" if args.gpu else "CPU slots"
     print(f"\nlive: {len(mix)} jobs on {SLOTS} {kind}, ticks every {TICK_S} s; wall time per policy: "
           + ", ".join(f"{p} {w:.0f} s" for p, w in walls.items()))
-    print(f"sim: each policy's run replayed as it ran: the same specs, its submit offsets, its jobs' samples per "
-          f"wall-clock second beside the other jobs, its start-up (creation -> first progress), rounds of {TICK_S} s"
-          "\n")
+    print("sim: each policy's run replayed as it ran (adapters.live_as_ran): the same specs, its submit offsets, "
+          "its jobs' samples per wall-clock second beside the other jobs, its start-up (creation -> first "
+          "progress), its sensor's ticks, runs younger than min_run_s held\n")
     print(summary_table(live, sim))
     print("\nper job: JCT in s (live/simulated) and generations started live\n")
     print(jobs_table(mix, live, sim, results))

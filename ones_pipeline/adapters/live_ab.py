@@ -10,11 +10,15 @@ First training progress of a generation: the first ``samples`` point the job's M
 run with more samples than the generation resumed from, less the time it took to train those samples at the
 ``samples_per_s`` logged with it (a point is logged every 10 steps, so it comes a few steps after the first).
 
-Simulated: ``ones_pipeline.sim`` replays the same specs and arrival offsets with ``MeasuredTruth``: each
-job's step time per GPU count is the median its live runs measured (MLflow ``step_time_s`` per configuration,
-pooled over every policy's run of the job), statistical efficiency 1 (the stopping rules count samples),
-and every start or change costs the live runs' mean creation -> first progress. ``LiveViews`` hides the
-noise scale from the policy, as the live sensor does (it does not read ``grad_noise_scale`` from MLflow).
+Simulated: ``ones_pipeline.sim`` replays the same specs with ``MeasuredTruth`` (statistical efficiency 1: the
+stopping rules count samples). A policy's run is replayed as it ran (``adapters.live_as_ran``): each job
+trains at the samples per wall-clock second it trained at in that run beside the other jobs
+(``MeasuredTruth.rates``), starts cost that run's mean creation -> first progress, jobs arrive at its submit
+offsets, the policy sees the noise scales the jobs logged and decides at the run's sensor ticks, and young
+runs are held as the tick holds them (``LiveViews``). Without that record, each job's step time per GPU count
+is the median its live runs measured (MLflow ``step_time_s`` per configuration, pooled over every policy's
+run of the job), every start costs the runs' mean creation -> first progress, and ``LiveViews`` hides the
+noise scale.
 
 The mix (``draw_mix``), each policy's project settings (``live_env``) and the run-every-policy loop
 (``run_each``) are here too, so that the script keeps only what drives Dagster and prints.
