@@ -13,10 +13,11 @@ first job is the longest, so the cluster never idles before the last arrival (``
 Printed per policy: mean JCT, makespan, restarts (generations beyond the first, summed), start-up (a run's
 Dagster start -> its first training progress, mean), queued (its creation -> start, mean), the mean 1-min
 load average while it ran (the cores may be shared: a busy machine slows, and skews, every figure) and the
-ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying the specs and
-arrival offsets with each job's step time per GPU count measured live (``adapters.live_ab``), per-job
-JCTs live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
-Definitions: ``ones_pipeline/adapters/live_ab.py``.
+ratios of mean JCT and makespan to fifo's; then the same from ``ones_pipeline.sim`` replaying each policy's
+run as it ran (``adapters.live_as_ran``: its jobs' samples per wall-clock second beside the other jobs, its
+start-up, submit offsets and sensor ticks; recorded per policy as ``as_ran`` in ``--json``), per-job JCTs
+live and simulated, and each job's step-time rate against the wall-clock rate it really trained at.
+Definitions: ``ones_pipeline/adapters/live_ab.py``, ``live_as_ran.py``.
 
 Exit status 1 when a run does not finish within ``--timeout`` s (or fails); the other policies still run,
 and the figures (and ``--json``) of those that finished are written. Every draw comes from
@@ -61,23 +62,17 @@ from ones_pipeline.adapters.live_ab import (
     ratios_to,
     run_each,
     run_timings,
-    sim_workload,
-    simulate_policies,
     wall_rate,
 )
+from ones_pipeline.adapters.live_as_ran import mlflow_history, project_as_ran, replay
 from ones_pipeline.adapters.live_report import FinishedJob
-from ones_pipeline.config import EnvConfig, load_env, parse_job_spec
-from ones_pipeline.core.types import JobSpec
+from ones_pipeline.config import EnvConfig, load_env
 from ones_pipeline.scheduler.settings import live_policy_params
 
 ONES = str(Path(sys.executable).parent / "ones")
 SLOTS = CPU_SLOTS  # the GPUs found with --gpu
 GPU = False  # --gpu: the cluster finds its GPUs (gpus: auto)
 TICK_S = 5
-
-
-def parsed(job: MixJob) -> JobSpec:
-    return parse_job_spec(job.spec, f"<{job.name}>")
 
 
 # ------------------------------------------------------------------------------------------- one policy
@@ -173,19 +168,6 @@ def finished_jobs(instance) -> list[FinishedJob]:
     return out
 
 
-def mlflow_points(env: EnvConfig, job: str) -> list[tuple[float, float, float | None]]:
-    """(unix s, samples, samples_per_s at that point or None) of the job's MLflow run, in logging order."""
-    from mlflow import MlflowClient
-
-    from ones_pipeline.adapters.mlflow import RUN_ID_FILE
-
-    run_id = (env.layout.job_dir(job) / RUN_ID_FILE).read_text().strip()
-    client = MlflowClient(env.tracking_uri())
-    rate = {(m.timestamp, m.step): m.value for m in client.get_metric_history(run_id, "samples_per_s")}
-    history = sorted(client.get_metric_history(run_id, "samples"), key=lambda m: (m.timestamp, m.step))
-    return [(m.timestamp / 1000.0, float(m.value), rate.get((m.timestamp, m.step))) for m in history]
-
-
 def collect(live: LiveRun) -> dict:
     """Everything measured in one policy's run: figures, runs, points, throughput observations."""
     from ones_pipeline.adapters.mlflow import read_progress
@@ -195,7 +177,7 @@ def collect(live: LiveRun) -> dict:
     with open_instance(env) as instance:
         jobs, runs = finished_jobs(instance), job_run_infos(instance, env.job_state_dir)
     names = [j.name for j in live.mix]
-    points = {name: mlflow_points(env, name) for name in names}
+    points = {name: mlflow_history(env, name)[0] for name in names}
     progress = read_progress(env.tracking_uri(), env.mlflow.experiment, names)
     figures = live_figures(jobs, runs, run_timings(runs, points), time.time())
     first = min(j.submit_s for j in jobs)
@@ -203,7 +185,7 @@ def collect(live: LiveRun) -> dict:
     figures["arrival_lag_s"] = {j.job: j.submit_s - live.written[j.job] for j in jobs if j.job != live.mix[0].name}
     figures["submit_offset_s"] = {j.job: j.submit_s - first for j in jobs}
     figures["load"] = float(np.mean(live.load)) if live.load else math.nan
-    return {"figures": figures, "runs": runs, "points": points,
+    return {"figures": figures, "runs": runs, "points": points, "as_ran": project_as_ran(env, names),
             "obs": {n: list(progress[n].throughput_obs) if n in progress else [] for n in names}}
 
 
@@ -300,26 +282,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def predict(mix: list[MixJob], results: dict[str, dict], policies: list[str], seed: int,
-            params: dict[str, dict] | None = None) -> tuple[dict, dict, float]:
-    """Simulated figures per policy, the pooled step times per job and the restart cost used."""
-    specs = [parsed(j) for j in mix]
+            ones_params: dict | None = None) -> tuple[dict, dict, float]:
+    """The replay's figures per policy (``adapters.live_as_ran.replay``: each policy's run as it ran), the
+    pooled step times per job and the mean start-up over the runs (the replay of a policy without a run)."""
     measured = {j.name: pooled_step_times([o for r in results.values() for o in r["obs"][j.name]]) for j in mix}
     costs = [c for r in results.values() if math.isfinite(c := r["figures"]["to_progress_s"])]
     restart = float(np.mean(costs)) if costs else 30.0
-    totals = {s.name: s.stopping.total_samples(s.dataset_size) for s in specs}
-    workload = sim_workload(specs, {j.name: j.offset_s for j in mix}, totals, measured, restart)
-    return simulate_policies(workload, policies, SLOTS, TICK_S, seed, params), measured, restart
+    record = {"mix": [{"spec": j.spec, "offset_s": j.offset_s} for j in mix], "restart_cost_s": restart,
+              "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()},
+              "live": {p: r["figures"] for p, r in results.items()},
+              "as_ran": {p: r["as_ran"] for p, r in results.items()}}
+    return replay(record, policies, seed, ones_params, SLOTS, TICK_S), measured, restart
 
 
 def report(args, mix, results, walls) -> dict:
     live = {p: r["figures"] for p, r in results.items()}
-    ones = {"ones": live_policy_params("ones", args.ones_params)}  # as the live project runs it, less the budget
+    ones = live_policy_params("ones", args.ones_params)  # as the live project runs it, less the budget
     sim, measured, restart = predict(mix, results, list(results), args.seed, ones)
     kind = "slots" if args.gpu else "CPU slots"
     print(f"\nlive: {len(mix)} jobs on {SLOTS} {kind}, ticks every {TICK_S} s; wall time per policy: "
           + ", ".join(f"{p} {w:.0f} s" for p, w in walls.items()))
-    print(f"sim: same specs and arrival offsets, step times measured live, restart cost {restart:.0f} s "
-          f"(live mean creation -> first progress), rounds of {TICK_S} s\n")
+    print("sim: each policy's run replayed as it ran (adapters.live_as_ran): the same specs, its submit offsets, "
+          "its jobs' samples per wall-clock second beside the other jobs, its start-up (creation -> first "
+          "progress), its sensor's ticks, runs younger than min_run_s held\n")
     print(summary_table(live, sim))
     print("\nper job: JCT in s (live/simulated) and generations started live\n")
     print(jobs_table(mix, live, sim, results))
@@ -330,6 +315,7 @@ def report(args, mix, results, walls) -> dict:
           f"{np.mean(lags):.1f} s, max {max(lags):.1f} s")
     return {"mix": [{"spec": j.spec, "offset_s": j.offset_s} for j in mix], "live": live, "sim": sim,
             "wall_s": walls, "restart_cost_s": restart, "ones_params": args.ones_params,
+            "as_ran": {p: r["as_ran"] for p, r in results.items()},
             "step_times": {j: {f"{g}x{b}": t for (g, b), t in m.items()} for j, m in measured.items()}}
 
 

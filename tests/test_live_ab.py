@@ -129,7 +129,7 @@ def test_a_recorded_mix_replays_through_the_simulator_with_policy_options(tmp_pa
     (tmp_path / "ab.json").write_text(json.dumps(record))
     done = _script("live_ab_sim.py", str(tmp_path / "ab.json"), "--policies", "fifo")
     assert done.returncode == 0, done.stderr
-    assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  | a 110 b 110" in done.stdout
+    assert "fifo     mean JCT    110 s  makespan    160 s  restarts 0  [step times] | a 110 b 110" in done.stdout
     bad = _script("live_ab_sim.py", str(tmp_path / "ab.json"), "--policies", "ones", "--ones",
                   '{"gpu_time_weight": -1}')
     assert bad.returncode != 0 and "gpu_time_weight" in bad.stderr

@@ -10,11 +10,15 @@ First training progress of a generation: the first ``samples`` point the job's M
 run with more samples than the generation resumed from, less the time it took to train those samples at the
 ``samples_per_s`` logged with it (a point is logged every 10 steps, so it comes a few steps after the first).
 
-Simulated: ``ones_pipeline.sim`` replays the same specs and arrival offsets with ``MeasuredTruth``: each
-job's step time per GPU count is the median its live runs measured (MLflow ``step_time_s`` per configuration,
-pooled over every policy's run of the job), statistical efficiency 1 (the stopping rules count samples),
-and every start or change costs the live runs' mean creation -> first progress. ``LiveViews`` hides the
-noise scale from the policy, as the live sensor does (it does not read ``grad_noise_scale`` from MLflow).
+Simulated: ``ones_pipeline.sim`` replays the same specs with ``MeasuredTruth`` (statistical efficiency 1: the
+stopping rules count samples). A policy's run is replayed as it ran (``adapters.live_as_ran``): each job
+trains at the samples per wall-clock second it trained at in that run beside the other jobs
+(``MeasuredTruth.rates``), starts cost that run's mean creation -> first progress, jobs arrive at its submit
+offsets, the policy sees the noise scales the jobs logged and decides at the run's sensor ticks, and young
+runs are held as the tick holds them (``LiveViews``). Without that record, each job's step time per GPU count
+is the median its live runs measured (MLflow ``step_time_s`` per configuration, pooled over every policy's
+run of the job), every start costs the runs' mean creation -> first progress, and ``LiveViews`` hides the
+noise scale.
 
 The mix (``draw_mix``), each policy's project settings (``live_env``) and the run-every-policy loop
 (``run_each``) are here too, so that the script keeps only what drives Dagster and prints.
@@ -22,9 +26,10 @@ The mix (``draw_mix``), each policy's project settings (``live_env``) and the ru
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +38,7 @@ from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
 from ones_pipeline.scheduler.runs import RunInfo
+from ones_pipeline.scheduler.tick import hold_young_runs
 from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
@@ -78,12 +84,12 @@ def draw_mix(n: int, rng: np.random.Generator, scale: float = 1.0, templates=TEM
     """The first ``n`` templates with lengths and arrival gaps drawn uniformly from their ranges, lengths
     times ``scale``; every job may grow to ``slots``."""
     mix, offset = [], 0.0
-    for i, (model, batch, field, (lo, hi), (g_lo, g_hi)) in enumerate(templates[:n]):
+    for i, (model, batch, rule, (lo, hi), (g_lo, g_hi)) in enumerate(templates[:n]):
         offset += float(rng.integers(g_lo, g_hi + 1))
         length = max(int(round(int(rng.integers(lo, hi + 1)) * scale)), 1)
         base_lr, max_lr = LR[model]
         spec = {"name": f"j{i}-{model.split('-')[0]}", "model": model, "per_gpu_batch": batch, "base_lr": base_lr,
-                "max_lr": max_lr, "requested_gpus": 1, "max_gpus": slots, "stopping": {field: length}}
+                "max_lr": max_lr, "requested_gpus": 1, "max_gpus": slots, "stopping": {rule: length}}
         mix.append(MixJob(spec, offset))
     return mix
 
@@ -234,15 +240,45 @@ class MeasuredTruth:
     restart_cost_s: float
     measured: Mapping[tuple[int, int], float]  # pooled_step_times
     max_local_batch: int = 1 << 20  # the live step has no gradient accumulation
+    # (slots held, slots the other jobs held) -> samples/s as the job trained live (``rates_as_ran``); empty:
+    # the step times alone, as if nothing but its steps took time and nothing shared its cores.
+    rates: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    # (samples, gradient noise scale) as the job's live run logged them, in order; empty: none recorded.
+    noise: Sequence[tuple[float, float]] = ()
 
     def step_time(self, placement: tuple[int, ...], local_batch: int) -> tuple[float, float]:
         return step_time_at(self.measured, sum(placement), local_batch), 0.0
+
+    def step_time_among(self, placement: tuple[int, ...], local_batch: int, others: int) -> tuple[float, float]:
+        """The wall-clock time a step takes with ``others`` slots of the host held by other jobs: the global
+        batch over the samples/s the job trained at live in that condition (``rate_among``)."""
+        if not self.rates:
+            return self.step_time(placement, local_batch)
+        n = sum(placement)
+        return n * local_batch / self.rate_among(n, others), 0.0
+
+    def rate_among(self, gpus: int, others: int) -> float:
+        """Samples/s at ``gpus`` slots beside ``others``: as measured there; else as measured in the nearest
+        condition (the same slot count first, then the nearest count), times the step times' ratio of the
+        two slot counts' samples/s (``step_time_at``, at the base batch)."""
+        if (gpus, others) in self.rates:
+            return float(self.rates[(gpus, others)])
+        n, o = min(self.rates, key=lambda k: (k[0] != gpus, abs(k[0] - gpus), abs(k[1] - others), k))
+        if n == gpus or not self.measured:
+            return float(self.rates[(n, o)])
+        per_sample = {c: step_time_at(self.measured, c, self.base_batch) / (c * self.base_batch) for c in (n, gpus)}
+        return float(self.rates[(n, o)]) * per_sample[n] / per_sample[gpus]
 
     def efficiency(self, progress: float, global_batch: float) -> float:
         return 1.0
 
     def grad_noise_scale(self, progress: float, global_batch: float | None = None) -> float:
-        return 1e9  # hidden from the policies by LiveViews
+        """The noise scale the live job last logged at or before ``progress`` samples (its first before
+        that); 1e9 when none was recorded (hidden from the policies by ``LiveViews``)."""
+        if not self.noise:
+            return 1e9
+        i = bisect.bisect_right([s for s, _ in self.noise], progress) - 1
+        return float(self.noise[max(i, 0)][1])
 
     def metrics(self, progress: float) -> tuple[float, float]:
         frac = min(progress / self.total_progress, 1.0)
@@ -250,14 +286,47 @@ class MeasuredTruth:
 
 
 class LiveViews:
-    """A policy that sees jobs as the live sensor shows them: without a measured gradient noise scale."""
+    """A policy as the live scheduler runs it. It sees the jobs as the live sensor shows them: with the gradient
+    noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
+    without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
+    does (``scheduler.tick.hold_young_runs``), a job whose allocation changed less than that long ago keeps
+    it, and so does any job whose new allocation needs its slots, whatever the policy decided. With ``ticks_s``
+    (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
+    decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
+    rounds nothing changes."""
 
-    def __init__(self, policy) -> None:
+    def __init__(self, policy, noise: bool = False, min_run_s: float = 0.0, ticks_s: Sequence[float] = ()) -> None:
         self.policy = policy
         self.name = policy.name
+        self.noise = noise
+        self.min_run_s = float(min_run_s)
+        self.ticks = sorted(float(t) for t in ticks_s)
+        self._every = float(np.mean(np.diff(self.ticks))) if len(self.ticks) > 1 else 0.0
+        self._next = 0
+
+    def _tick(self, i: int) -> float:
+        """The ``i``-th tick: as recorded; after the last recorded one, every mean interval."""
+        last = len(self.ticks) - 1
+        return self.ticks[i] if i <= last else self.ticks[last] + (i - last) * self._every
+
+    def _due(self, now_s: float) -> bool:
+        """Whether a live tick fell since the last round (always, without recorded ticks)."""
+        if not self.ticks or (self._next >= len(self.ticks) and self._every <= 0):
+            return True
+        due = False
+        while self._tick(self._next) < now_s + 0.5:
+            self._next, due = self._next + 1, True
+        return due
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
-        return self.policy.decide(now_s, cluster, [replace(j, grad_noise_scale=None) for j in jobs], current)
+        if not self._due(now_s):
+            return Schedule(dict(current.allocations))
+        if not self.noise:
+            jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
+        new = self.policy.decide(now_s, cluster, jobs, current)
+        young = [j.name for j in jobs if j.name in current.allocations and j.last_change_s is not None
+                 and now_s - j.last_change_s < self.min_run_s]
+        return hold_young_runs(new, current, dict.fromkeys(young)) if young else new
 
     def to_dict(self) -> dict:
         return self.policy.to_dict()
@@ -267,11 +336,15 @@ class LiveViews:
 
 
 def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],
-                 measured: Mapping[str, Mapping[tuple[int, int], float]], restart_cost_s: float) -> list[SimJob]:
-    """The live mix as simulator jobs: each spec arriving at its offset, ``totals[job]`` samples long."""
+                 measured: Mapping[str, Mapping[tuple[int, int], float]], restart_cost_s: float,
+                 rates: Mapping[str, Mapping[tuple[int, int], float]] | None = None,
+                 noise: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> list[SimJob]:
+    """The live mix as simulator jobs: each spec arriving at its offset, ``totals[job]`` samples long, training
+    at ``rates[job]`` (``rates_as_ran``) where given, else at its step times."""
     return [SimJob(replace(s, submit_time_s=float(offsets_s[s.name])),
                    MeasuredTruth(s.model, s.per_gpu_batch, float(totals[s.name]), float(restart_cost_s),
-                                 dict(measured[s.name])))
+                                 dict(measured[s.name]), rates=dict((rates or {}).get(s.name, {})),
+                                 noise=tuple(map(tuple, (noise or {}).get(s.name, ())))))
             for s in specs]
 
 
@@ -315,3 +388,4 @@ def wall_rate(points: Sequence[Point], runs: Sequence[RunInfo], gpus: int) -> fl
             gained += inside[-1][1] - inside[0][1]
             seconds += inside[-1][0] - inside[0][0]
     return gained / seconds if seconds > 0 else math.nan
+

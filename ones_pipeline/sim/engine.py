@@ -223,13 +223,16 @@ def _batch(job: _Running) -> int:
     return n * micro * (accum + 1)
 
 
-def _rate(job: _Running, cluster: Cluster, at_progress: float | None = None) -> tuple[float, float, ThroughputObs]:
+def _rate(job: _Running, cluster: Cluster, at_progress: float | None = None,
+          others: int = 0) -> tuple[float, float, ThroughputObs]:
     """(base-equivalent samples/s, raw samples/s, observation) of a running job, with the efficiency
-    at ``at_progress`` (default: its progress now)."""
+    at ``at_progress`` (default: its progress now); ``others``: GPUs other jobs hold on its nodes, for a truth
+    whose step time depends on them (``step_time_among``: processes sharing a host's cores)."""
     alloc = job.alloc
     n, micro, accum = _split(job)
     placement = cluster.placement(alloc.gpus)
-    step, sync = job.truth.step_time(placement, micro)
+    among = getattr(job.truth, "step_time_among", None)
+    step, sync = among(placement, micro, others) if among is not None else job.truth.step_time(placement, micro)
     total_step = step + accum * (step - sync)
     batch = n * micro * (accum + 1)
     raw = batch / total_step
@@ -389,12 +392,14 @@ def _run_round(active: Sequence[_Running], now: float, end: float, cluster: Clus
     recorded in ``timeline`` and, with ``memory``, remembered for their model's next jobs."""
     still: list[_Running] = []
     finished = 0
+    holders = [r for r in active if r.alloc is not None]
     for r in active:
         if r.alloc is None:
             still.append(r)
             continue
         start = max(now, r.blocked_until)
-        held_until = _advance(r, cluster, start, end, config) if start < end else end
+        others = _others_on_nodes(r, holders, cluster) if hasattr(r.truth, "step_time_among") else 0
+        held_until = _advance(r, cluster, start, end, config, others) if start < end else end
         held = held_until - now
         n = r.alloc.num_gpus
         r.record.gpu_s += n * held
@@ -415,7 +420,13 @@ def _run_round(active: Sequence[_Running], now: float, end: float, cluster: Clus
     return still, finished, busy_gpu_s
 
 
-def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: SimConfig) -> float:
+def _others_on_nodes(r: _Running, holders: Sequence[_Running], cluster: Cluster) -> int:
+    """GPUs the other jobs holding GPUs this round (starting ones too) hold on ``r``'s nodes."""
+    nodes = {int(cluster.node_of[g]) for g in r.alloc.gpus}
+    return sum(int(cluster.node_of[g]) in nodes for o in holders if o is not r for g in o.alloc.gpus)
+
+
+def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: SimConfig, others: int = 0) -> float:
     """Train running job ``r`` from ``start`` to ``end`` (or to its completion); return when it stops
     holding its GPUs (``end``, or its completion time).
 
@@ -441,7 +452,7 @@ def _advance(r: _Running, cluster: Cluster, start: float, end: float, config: Si
             goal = min(goal, ee)
         # Piecewise-constant efficiency: the rate in force on (progress, goal], i.e. at its middle.
         at = 0.5 * (r.progress + goal) if nxt is not None else None
-        rate, raw, obs = _rate(r, cluster, at)
+        rate, raw, obs = _rate(r, cluster, at, others)
         key = (obs.num_gpus, obs.num_nodes, obs.per_gpu_batch)
         if key not in r.obs:  # a job profiles each configuration once, the first time it runs on it
             r.obs[key] = obs
