@@ -206,6 +206,11 @@ def test_the_reason_quotes_what_the_kind_of_change_costs_and_says_when_the_job_i
     assert grow.startswith("predicted to finish in 53 s -> 66 s (grow in place, ~30 s)")
     assert "later for this job alone" in grow
     assert "later for this job alone" not in Why(53.0, 40.0, 30.0).text()
+    # Within 5 % of each other the two predictions are "about as soon", neither sooner nor later (the demo's shrink
+    # read "6.1 min -> 6.0 min" beside a grow of the same job at "5.8 min -> 5.6 min").
+    close = Why(366.0, 360.0, 0.04, change="shrink", frees_for=("b",)).text()
+    assert close.startswith("predicted to finish about as soon, in 6.1 min -> 6.0 min (shrink in place, ~0.04 s)")
+    assert "later" not in Why(360.0, 366.0, 0.04, change="shrink").text()
     alone = Why(53.0, 66.0, 0.05, change="grow", alone=True).text()
     assert "all jobs" not in alone and "(grow in place, ~0.05 s)" in alone
 
