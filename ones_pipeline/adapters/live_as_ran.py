@@ -133,7 +133,7 @@ def project_as_ran(env: EnvConfig, jobs: Sequence[str], now_s: float | None = No
     from ones_pipeline.defs.slot_owner import read_ledger
 
     with open_instance(env) as instance:
-        runs, ticks = job_run_infos(instance), sensor_ticks(instance)
+        runs, ticks = job_run_infos(instance, env.job_state_dir), sensor_ticks(instance)
     ledgers = {job: read_ledger(env.layout.job_dir(job)) for job in jobs}
     history = {job: mlflow_history(env, job) for job in jobs}
     stretches = held_stretches(runs, ledgers, time.time() if now_s is None else now_s)
