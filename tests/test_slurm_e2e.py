@@ -164,7 +164,9 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     # timing of a loaded machine (both were seen): at least one running job's allocation must change.
     assert preempted or any(len(s) >= 2 for s in sizes.values()), f"no preemption or resize: {sizes} {by_job}"
     planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]  # those that checkpointed
-    assert all(g["status"] == "SUCCESS" for g in planned), by_job  # asked to stop: ended green
+    generations = "; ".join(f"{g['ones/job']} g{g['allocation']['generation']} {g['status']} "
+                            f"{g.get('ones/outcome', '')}" for gens in by_job.values() for g in gens)
+    assert all(g["status"] == "SUCCESS" for g in planned), generations  # asked to stop: ended green
     # A str message (pytest shortens a tuple's repr, and cut the reason out of one CI failure).
     assert not failures, failures_text(failures) + "\n--- up.log ---\n" + (project / "up.log").read_text()[-3000:]
     # Every generation that trained ran as a Slurm job (one cancelled while starting may not have got that far).
