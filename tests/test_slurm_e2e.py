@@ -166,7 +166,10 @@ def test_three_jobs_on_eight_fake_gpus_through_the_real_daemon_on_slurm(tmp_path
     planned = [g for gens in by_job.values() for g in gens if g.get("ones/outcome")]  # those that checkpointed
     generations = "; ".join(f"{g['ones/job']} g{g['allocation']['generation']} {g['status']} "
                             f"{g.get('ones/outcome', '')}" for gens in by_job.values() for g in gens)
-    assert all(g["status"] == "SUCCESS" for g in planned), generations  # asked to stop: ended green
+    # Asked to stop, a generation checkpoints and ends green; or, where its run outlasts the apply run's grace after
+    # the checkpoint (two of three CI runs of one stop, under the suite's load: long-a g0 tagged and CANCELED), the
+    # apply run cancels it (defs/assets.py) and the checkpoint stays. Never FAILURE; the job resumed (materialized).
+    assert all(g["status"] in ("SUCCESS", "CANCELED") for g in planned), generations
     # A str message (pytest shortens a tuple's repr, and cut the reason out of one CI failure).
     assert not failures, failures_text(failures) + "\n--- up.log ---\n" + (project / "up.log").read_text()[-3000:]
     # Every generation that trained ran as a Slurm job (one cancelled while starting may not have got that far).
