@@ -88,6 +88,11 @@ def change_kind(view: JobView, before: Sequence[int], after: Sequence[int], in_p
     return "grow" if len(after) > len(before) else "shrink"
 
 
+def timed(view: JobView) -> bool:
+    """Whether the job or its model's earlier jobs have timed a step: else its reasons predict nothing."""
+    return bool(view.throughput_obs or view.model_obs)
+
+
 def _round(x: float | None) -> float | None:
     return None if x is None else round(float(x), 1)
 
@@ -132,10 +137,10 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
             after += cost
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))
         frees = tuple(sorted(o for o, a in new.allocations.items() if o != job and given_up & set(a.gpus)))
-        if not (subset[i].throughput_obs or subset[i].model_obs):  # no step time to predict from
+        measured = timed(subset[i])
+        if not measured:  # no step time to predict from
             before = after = None
-        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1,
-                       bool(subset[i].throughput_obs or subset[i].model_obs))
+        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1, measured)
     return out
 
 
@@ -176,7 +181,7 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         if v.name in held:
             out[v.name] = f"{idle}: {held[v.name]}"
             continue
-        if not (v.throughput_obs or v.model_obs):
+        if not timed(v):
             out[v.name] = f"{idle}: not measured yet; its size is decided once its first steps are timed"
             continue
         batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
