@@ -88,6 +88,6 @@ def test_a_slot_left_idle_beside_a_job_that_could_use_it_says_why():
     assert p.idle["long"].startswith("1 slot(s) idle beside it: predicted to finish in ") and "on 2 incl. the grow" \
         in p.idle["long"]
     held = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)], min_hold_s=300.0)
-    assert held.idle["long"] == "1 slot(s) idle beside it: its run changed less than 300 s ago (min_run_s)"
+    assert held.idle["long"] == "1 slot(s) idle beside it: its run started less than 300 s ago (min_run_s)"
     full = plan([run("long", 0, [0, 1], created=900.0)], {}, policy="fifo", specs=[spec("long", 2000)])
     assert full.idle == {}

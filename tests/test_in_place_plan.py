@@ -22,9 +22,9 @@ def run_of(run_id, status, job, gen, slots, batch=64, change=None, tags=None, **
     return RunInfo.from_run(run_id, status, {**launch.tags(), **(tags or {})}, launch.run_config(), change, **times)
 
 
-def plan(runs, now=1000.0, cursor=None, launcher="subprocess", min_hold_s=0.0):
+def plan(runs, now=1000.0, cursor=None, launcher="subprocess", min_hold_s=0.0, finished=frozenset()):
     specs = [spec("long", 2000), spec("short", 2)]
-    inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=frozenset(), runs=runs, progress={},
+    inputs = TickInputs(now=now, specs={s.name: s for s in specs}, finished=finished, runs=runs, progress={},
                         slot_ids=(0, 1), cluster=Cluster((2,)), cursor=cursor or {})
     return plan_tick(inputs, SchedulerSettings(params={"generations": 5}, min_hold_s=min_hold_s, launcher=launcher))
 
@@ -53,6 +53,26 @@ def test_a_shrink_for_a_new_job_is_made_in_place_and_not_decided_again():
     assert long0b.held_ids == resize.after and long0b.changed_s == 1004.0
     held = plan([long0b], now=1010.0, cursor=again.cursor, min_hold_s=30.0)
     assert not held.resizes and not held.cancels and not [x for x in held.decisions if x.job == "long"]
+
+
+def test_a_run_changed_in_place_moments_ago_grows_back_once_the_slot_it_gave_up_is_free():
+    """The tick holds a run for ``min_run_s`` from its start, not from an in-place change: 'long' (started at
+    900 s) shrank at 1004 s for 'short', 'short' finished at once, and the next tick grows 'long' back in place
+    although its change is 6 s old (the demo left the slot idle 30 s there: the hold counted from the shrink).
+    While the change is still being made, it is held."""
+    long0 = run_of("long-0", "STARTED", "long", 0, [0, 1], created_s=900.0, start_s=901.0)
+    p = plan([long0])
+    (resize,) = p.resizes
+    pending = plan([long0], now=1003.0, cursor=p.cursor, min_hold_s=30.0, finished=frozenset({"short"}))
+    assert not pending.resizes and not pending.cancels
+    request = {"slots": list(resize.after), "global_batch": resize.global_batch, "time_s": 1004.0, "run_id": "long-0"}
+    freed = {f"ones/cpu-{s}": SLOT_FREE for s in resize.before if s not in resize.after}
+    long0b = run_of("long-0", "STARTED", "long", 0, [0, 1], change=request, tags=freed, created_s=900.0, start_s=901.0)
+    grown = plan([long0b], now=1010.0, cursor=pending.cursor, min_hold_s=30.0, finished=frozenset({"short"}))
+    (back,) = grown.resizes
+    assert back.job == "long" and back.kind == "grow" and set(back.after) == {0, 1} and not grown.cancels
+    young = run_of("long-0", "STARTED", "long", 0, [0], created_s=995.0, start_s=996.0)
+    assert not plan([young], now=1010.0, min_hold_s=30.0, finished=frozenset({"short"})).resizes  # a start: held
 
 
 @pytest.mark.parametrize(("launcher", "status", "why"), [

@@ -116,6 +116,41 @@ def test_the_replay_holds_a_young_run_as_the_live_tick_does():
     assert _starts(LiveViews(_Newest(), min_run_s=30.0), 5.0)["b"] == 30.0
 
 
+class _Share:
+    """A stand-in policy that can change runs in place (named as one that does): the two slots split among the
+    jobs, the one submitted first on slot 0."""
+
+    name = "fifo"
+
+    def decide(self, now_s, cluster, jobs, current):
+        js = sorted(jobs, key=lambda v: (v.submit_time_s, v.name))
+        slots = [(0, 1)] if len(js) == 1 else [(0,), (1,)]
+        return Schedule({j.name: Allocation(j.name, g, 32 * len(g), lr_for_batch(j.spec, 32))
+                         for j, g in zip(js, slots, strict=False)})
+
+    def to_dict(self):
+        return {}
+
+    def load_state(self, state):
+        pass
+
+
+def test_the_replay_holds_a_run_from_its_start_not_from_an_in_place_change():
+    """a (started at 0 s) shrinks in place at 40 s for b, b trains 10 s: a grows back as soon as b is done,
+    though its shrink is younger than min_run_s (30 s), as the live tick does."""
+    spec = {"model": "cnn-digits", "per_gpu_batch": 32, "base_lr": 0.02, "requested_gpus": 1, "max_gpus": 2}
+    specs = [parse_job_spec({**spec, "stopping": {"samples": n}}, name, default_name=name)
+             for name, n in (("a", 64000), ("b", 3200))]
+    workload = sim_workload(specs, {"a": 0.0, "b": 40.0}, {"a": 64000.0, "b": 3200.0},
+                            {"a": {(1, 32): 0.1, (2, 64): 0.1}, "b": {(1, 32): 0.1}}, 1.0)
+    result = simulate(workload, LiveViews(_Share(), min_run_s=30.0), Cluster.uniform(1, 2),
+                      SimConfig(interval_s=1.0, change_costs=LIVE_CHANGE_COSTS))
+    counts = [(t, g) for t, job, g in result.timeline if job == "a"]
+    assert counts[0] == (0.0, 2) and counts[1][1] == 1 and 40.0 <= counts[1][0] <= 42.0
+    b_done = {j.name: j.finish_s for j in result.jobs}["b"]
+    assert counts[2][1] == 2 and counts[2][0] <= b_done + 2.0 < 70.0
+
+
 def test_the_replay_decides_at_the_live_sensors_ticks():
     """Ticks recorded at 0, 12.2 and 24.9 s (then every 12.45 s): in rounds of 1 s, b (arriving at 10 s) is seen
     at the round nearest 12.2 s."""

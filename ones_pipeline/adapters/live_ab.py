@@ -289,8 +289,8 @@ class LiveViews:
     """A policy as the live scheduler runs it. It sees the jobs as the live sensor shows them: with the gradient
     noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
     without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
-    does (``scheduler.tick.hold_young_runs``), a job whose allocation changed less than that long ago keeps
-    it, and so does any job whose new allocation needs its slots, whatever the policy decided. With ``ticks_s``
+    does (``scheduler.tick.hold_young_runs``), a job whose run started less than that long ago keeps its
+    allocation, and so does any job whose new allocation needs its slots, whatever the policy decided. With ``ticks_s``
     (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
     decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
     rounds nothing changes."""
@@ -303,6 +303,7 @@ class LiveViews:
         self.ticks = sorted(float(t) for t in ticks_s)
         self._every = float(np.mean(np.diff(self.ticks))) if len(self.ticks) > 1 else 0.0
         self._next = 0
+        self._started: dict[str, float] = {}  # job -> when it was given GPUs after holding none (its run's start)
 
     def _tick(self, i: int) -> float:
         """The ``i``-th tick: as recorded; after the last recorded one, every mean interval."""
@@ -319,14 +320,16 @@ class LiveViews:
         return due
 
     def decide(self, now_s: float, cluster: Cluster, jobs: Sequence[JobView], current: Schedule) -> Schedule:
+        self._started = {j: self._started.get(j, now_s) for j in current.allocations}
         if not self._due(now_s):
             return Schedule(dict(current.allocations))
         if not self.noise:
             jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
         new = self.policy.decide(now_s, cluster, jobs, current)
-        young = [j.name for j in jobs if j.name in current.allocations and j.last_change_s is not None
-                 and now_s - j.last_change_s < self.min_run_s]
-        return hold_young_runs(new, current, dict.fromkeys(young)) if young else new
+        young = [j for j, t in self._started.items() if now_s - t < self.min_run_s]
+        out = hold_young_runs(new, current, dict.fromkeys(young)) if young else new
+        self._started.update({j: now_s for j in out.allocations if j not in current.allocations})
+        return out
 
     def to_dict(self) -> dict:
         return self.policy.to_dict()

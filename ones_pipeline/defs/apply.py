@@ -191,7 +191,10 @@ def _save_policy_state(layout, ref: str, state: dict) -> None:
         old.unlink(missing_ok=True)
 
 
-@dg.job(name=APPLY_JOB_NAME, description="What a ONES scheduler tick decided: cancel, record (launched by "
-                                          "the sensor for committed ticks only)")
+# One step, run in the run worker as the training job's (``assets.train_job``): a second process per apply run
+# would add its start-up to every change's way from the tick to the training processes.
+@dg.job(name=APPLY_JOB_NAME, executor_def=dg.in_process_executor,
+        description="What a ONES scheduler tick decided: cancel, record (launched by the sensor for committed "
+                    "ticks only)")
 def apply_job():
     apply_tick()

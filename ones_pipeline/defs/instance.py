@@ -24,13 +24,17 @@ IN_FLIGHT_STATUSES = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTE
 
 def instance_yaml(slot_ids: Iterable[int], max_runs: int, device: str) -> str:
     """The instance config: queued runs (at most ``max_runs`` at once; one in-flight run per slot whose tag says
-    ``held``: a run that gave the slot back in place sets it ``free``, ``scheduler.runs``), run monitoring on."""
+    ``held``: a run that gave the slot back in place sets it ``free``, ``scheduler.runs``), dequeued every
+    second, run monitoring on."""
     import yaml
 
     config = {
         "concurrency": {"runs": {"max_concurrent_runs": int(max_runs),
                                  "tag_concurrency_limits": [{"key": slot_tag(s, device), "value": SLOT_HELD, "limit": 1}
                                                             for s in slot_ids]}},
+        # the queue is looked at every second, not every 5 (Dagster's default): each start and each change's
+        # apply run waits in it, on the way from a tick to the training processes
+        "run_queue": {"dequeue_interval_seconds": 1},
         "run_monitoring": {"enabled": True, "start_timeout_seconds": 300, "cancel_timeout_seconds": 180,
                            "poll_interval_seconds": 30},
         "telemetry": {"enabled": False},

@@ -156,14 +156,17 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
         change_costs.remember(state.change_costs, change_costs.measure(job, events, current.by_job.get(job, [])))
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
+    # A run keeps its allocation while it starts (its start-up is not wasted) and while an in-place change asked
+    # of it is not yet made; after an in-place change the policy's own hold applies (in proportion to its cost).
     young = {j: r for j, r in current.runs.items() if j in in_force.allocations and
-             inputs.now - max(r.changed_s, state.resizing.get(r.run_id, [0.0])[0]) < settings.min_hold_s}
+             (inputs.now - r.created_s < settings.min_hold_s or r.run_id in state.resizing)}
     new = hold_young_runs(new, in_force, young)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
     plan.waiting = waiting_reasons(new, [v.name for v in views], inputs.slot_ids, inputs.device)
-    plan.idle = idle_reasons(views, inputs.cluster, new, {j: f"its run changed less than {settings.min_hold_s:.0f} s "
-                                                          "ago (min_run_s)" for j in young})
+    plan.idle = idle_reasons(views, inputs.cluster, new, {
+        j: "its in-place change is being made" if r.run_id in state.resizing else
+        f"its run started less than {settings.min_hold_s:.0f} s ago (min_run_s)" for j, r in young.items()})
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
     plan.cursor = _cursor(inputs, policy, state, [v.name for v in views])
