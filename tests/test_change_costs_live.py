@@ -91,3 +91,21 @@ def test_a_slot_left_idle_beside_a_job_that_could_use_it_says_why():
     assert held.idle["long"] == "1 slot(s) idle beside it: its run started less than 300 s ago (min_run_s)"
     full = plan([run("long", 0, [0, 1], created=900.0)], {}, policy="fifo", specs=[spec("long", 2000)])
     assert full.idle == {}
+
+
+def test_a_slot_idle_beside_a_job_that_has_no_noise_scale_yet_says_which_batch_it_would_train_at():
+    """The demo's long job alone on 1 of 2 slots, its steps timed on 1 slot at batch 4 and on 2 at 2 per slot (as
+    slow), its noise scale not measured yet: on 2 slots it would keep its smallest batch, so ``ones`` leaves the
+    slot idle and the reason says so, with the estimate at that batch; it does not claim the job would be sooner
+    there (the estimate at a batch it would not run said so, beside the policy's verdict)."""
+    long = JobSpec(name="long", model="resnet18-cifar-synthetic", dataset_size=10000, per_gpu_batch=4, base_lr=0.02,
+                   max_lr=0.08, max_gpus=2, max_global_batch=8, stopping=StoppingRule(StopKind.SAMPLES, samples=10000))
+    runs = [RunInfo.from_run("long-0", "STARTED", *(lambda la: (la.tags(), la.run_config()))(
+        Launch(RunAllocation.make(long, [0], "cpu", 4, 0), "test")), created_s=900.0, start_s=901.0)]
+    timed = {"long": ProgressInfo(samples_done=4000.0, throughput_obs=(ThroughputObs(1, 1, 4, 0.151),
+                                                                       ThroughputObs(2, 1, 2, 0.169)))}
+    p = plan(runs, {}, specs=[long], progress=timed)
+    assert not p.resizes and not p.launches and not p.cancels
+    assert p.idle["long"].startswith("1 slot(s) idle beside it: predicted to finish in ")
+    assert p.idle["long"].endswith("no sooner there: on 2 it would train at batch 4, its smallest, until it has "
+                                   "measured its noise scale")

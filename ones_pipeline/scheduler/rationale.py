@@ -173,7 +173,8 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
                                                                                          cluster.num_gpus)]
     if not running:
         return out
-    params, gns, work = GoodputModel().prior(running), noise_scales(running), remaining_work(running)
+    model = GoodputModel()
+    params, gns, work = model.prior(running), noise_scales(running), remaining_work(running)
     for i, v in enumerate(running):
         alloc = new.allocations[v.name]
         n, k = len(alloc.gpus), min(len(free), v.spec.gpu_cap - len(alloc.gpus))
@@ -184,8 +185,15 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         if not timed(v):
             out[v.name] = f"{idle}: not measured yet; its size is decided once its first steps are timed"
             continue
-        batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
-        more = Allocation(v.name, tuple(alloc.gpus) + tuple(free[:k]), batch, alloc.lr)
+        gpus = tuple(alloc.gpus) + tuple(free[:k])
+        smallest = alloc.batch_tuned_by_job and v.grad_noise_scale is None
+        if alloc.batch_tuned_by_job:  # the batch the job would pick there itself (``core.goodput.job_batch``)
+            micro, accum = model.batch(v.spec, v.throughput_obs, v.grad_noise_scale,
+                                       len(cluster.placement(gpus)), n + k)
+            batch = micro * (n + k) * (accum + 1)
+        else:
+            batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
+        more = Allocation(v.name, gpus, batch, alloc.lr)
         now = _time_left(params.select(i), gns[i], v, work[i], alloc, cluster)
         grown = _time_left(params.select(i), gns[i], v, work[i], more, cluster)
         if now is None or grown is None:
@@ -193,8 +201,10 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         grown += float(v.change_costs.get("grow", UNKNOWN_COST_S))
         verdict = ("no sooner there" if grown >= now else
                    "sooner by the scheduler's estimate, but the policy's own goodput model expects less of them")
+        at = (f": on {n + k} it would train at batch {batch}, its smallest, until it has measured its noise scale"
+              if smallest else "")
         out[v.name] = (f"{idle}: predicted to finish in {_dur(now)} on {n}, {_dur(grown)} on {n + k} incl. the "
-                       f"grow; {verdict}")
+                       f"grow; {verdict}{at}")
     return out
 
 
