@@ -4,7 +4,7 @@ beside a job that could use them are explained."""
 
 from ones_pipeline.core.types import Cluster, JobSpec, StopKind, StoppingRule, ThroughputObs
 from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
-from ones_pipeline.scheduler.change_costs import KEPT, PRIOR, costs, remember
+from ones_pipeline.scheduler.change_costs import KEPT, LAG_PRIOR_S, PRIOR, costs, measure, remember
 from ones_pipeline.scheduler.runs import ProgressInfo
 
 
@@ -50,7 +50,7 @@ def test_the_tick_measures_each_kind_of_change_from_the_jobs_events_and_quotes_i
     shrink, and under Slurm (no change in place) the same shrink quotes the measured restart."""
     p = plan(RUNS, EVENTS)
     kept = p.cursor["change_costs"]
-    assert costs(kept, True) == {"start": 25.0, "grow": 1.0, "shrink": 0.5, "restart": 12.0}
+    assert costs(kept, True) == {"start": 25.0, "grow": 1.0, "shrink": 0.5, "restart": 12.0, "lag": LAG_PRIOR_S}
     (d,) = [d for d in p.decisions if d.job == "long"]
     assert d.path == "in place" and d.why["change"] == "shrink" and d.why["change_cost_s"] == 0.5
     assert "(shrink in place, ~0.50 s)" in d.reason and "restart" not in d.reason
@@ -63,7 +63,7 @@ def test_the_tick_measures_each_kind_of_change_from_the_jobs_events_and_quotes_i
 
 
 def test_nothing_measured_costs_the_live_prior_and_old_figures_make_room_for_new_ones():
-    assert costs({}, True) == dict(PRIOR) and PRIOR["grow"] < 1.0 < PRIOR["restart"] < PRIOR["start"]
+    assert costs({}, True) == {**PRIOR, "lag": LAG_PRIOR_S} and PRIOR["grow"] < 1.0 < PRIOR["restart"] < PRIOR["start"]
     assert costs({}, False)["grow"] == PRIOR["restart"]
     kept: dict = {}
     remember(kept, [("grow", float(t), 10.0) for t in range(KEPT)])
@@ -109,3 +109,20 @@ def test_a_slot_idle_beside_a_job_that_has_no_noise_scale_yet_says_which_batch_i
     assert p.idle["long"].startswith("1 slot(s) idle beside it: predicted to finish in ")
     assert p.idle["long"].endswith("no sooner there: on 2 it would train at batch 4, its smallest, until it has "
                                    "measured its noise scale")
+
+
+def test_an_in_place_changes_delay_from_the_tick_that_decided_it_is_measured():
+    """'long' was asked at the tick of 395 s (the request's ``decided_s``; the apply run wrote it at 399 s) to
+    grow, and its ``resized`` event came at 400 s: a lag of 5 s, kept in the cursor and handed to the policy
+    beside the kinds (where the launcher resizes in place); before any is measured, ``LAG_PRIOR_S``."""
+    launch = Launch(RunAllocation.make(spec("long"), [0], "cpu", 32, 0), "test")
+    request = {"slots": [0, 1], "global_batch": 64, "time_s": 399.0, "decided_s": 395.0, "run_id": "long-0"}
+    grown = RunInfo.from_run("long-0", "STARTED", launch.tags(), launch.run_config(), request, created_s=200.0,
+                             start_s=201.0)
+    assert grown.resized_s == 395.0 and grown.slot_ids == (0, 1)
+    got = measure("long", EVENTS["long"], [grown])
+    assert ("lag", 400.0, 5.0) in got and ("grow", 400.0, 1.2) in got
+    kept: dict = {}
+    remember(kept, got)
+    assert costs(kept, True)["lag"] == 5.0 and "lag" not in costs(kept, False)
+    assert costs({}, True)["lag"] == LAG_PRIOR_S

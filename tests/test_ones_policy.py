@@ -548,3 +548,29 @@ def test_a_job_nobody_has_timed_gets_what_its_user_requested_on_an_idle_cluster(
     jobs = [view("first", requested=16, epochs=5.0), view("second", requested=16, epochs=5.0)]
     out = OnesPolicy(seed=0).decide(0.0, Cluster.uniform(16, 4), jobs, Schedule())
     assert {name: a.num_gpus for name, a in out.allocations.items()} == {"first": 16, "second": 16}
+
+
+def test_a_job_that_finishes_before_its_grow_would_land_is_not_grown():
+    """A job alone on 1 of 2 GPUs that scales perfectly, with about 8 s left there: ones grows it in place where a
+    change is made when decided; where the grow takes effect 10 s after the decision (``change_costs["lag"]``,
+    measured live), the job would have finished first, and it is kept (live, a job 7 s from its end was grown
+    while a long job was stopped to free the slot; it finished before the slot was free). A job with minutes
+    left is grown either way."""
+    from policy_helpers import spec as make_spec
+
+    from ones_pipeline.core.policies import make_policy
+
+    cluster = Cluster.uniform(1, 2)
+    obs = (ThroughputObs(1, 1, 32, 0.10, 0.0), ThroughputObs(2, 1, 32, 0.101, 0.001))  # 320 samples/s per GPU
+    current = Schedule({"near": Allocation("near", (0,), 32, 0.1)})
+
+    def grown(total_samples, lag):
+        spec = make_spec("near", per_gpu_batch=32, model="cnn", epochs=1.0, max_gpus=2)
+        spec = dataclasses.replace(spec, stopping=StoppingRule(StopKind.SAMPLES, samples=total_samples))
+        v = JobView(spec=spec, status=JobStatus.RUNNING, submit_time_s=0.0, samples_done=0.0, progress_samples=0.0,
+                    throughput_obs=obs, grad_noise_scale=1e6, change_costs={**IN_PLACE, "lag": lag})
+        out = make_policy("ones", seed=0).decide(1000.0, cluster, [v], current)
+        return len(out.allocations["near"].gpus) == 2
+
+    assert grown(2560, 0.0) and not grown(2560, 10.0)  # 8 s left on 1 GPU
+    assert grown(64000, 0.0) and grown(64000, 10.0)  # 200 s left

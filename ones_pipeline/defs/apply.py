@@ -61,6 +61,8 @@ def apply_request(cancels: list, decisions: list, failed: dict | None, spec_erro
     # plans the same acts and must get the same key, so they run once.
     timeless = {**plan, "decisions": [{k: v for k, v in d.items() if k not in ("time_s", "decide_s")}
                                       for d in plan.get("decisions", [])]}
+    if "resizes" in plan:
+        timeless["resizes"] = [{k: v for k, v in r.items() if k != "decided_s"} for r in plan["resizes"]]
     key = hashlib.sha256(json.dumps(timeless, sort_keys=True).encode()).hexdigest()[:16]
     if policy is not None:
         plan["policy"] = policy

@@ -95,7 +95,7 @@ def claim(instance: dg.DagsterInstance, resize: dict, job_dir: Path, wait_s: flo
         record(job_dir, run_id, resize["generation"], claimed=added)
     Path(job_dir).mkdir(parents=True, exist_ok=True)
     request_resize(job_dir, resize["generation"], resize["after"], global_batch=resize["global_batch"],
-                   lr=resize["lr"], reason=resize["reason"], run_id=run_id)
+                   lr=resize["lr"], reason=resize["reason"], run_id=run_id, decided_s=resize.get("decided_s"))
     return True
 
 

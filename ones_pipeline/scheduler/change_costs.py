@@ -8,7 +8,11 @@ its ``time_s``. From them and the job's runs (``RunInfo``):
 * ``restart``: a generation after the first, from the later of its run's creation and its previous
   generation's ``stopped`` event (a checkpoint path change, or a preemption and its resume) to its first step
   (its ``training`` event): the Dagster run start, the launcher, the ranks, the checkpoint load;
-* ``start``: a job's first generation, from its run's creation to its first step.
+* ``start``: a job's first generation, from its run's creation to its first step;
+* ``lag`` (not a kind of change: the job trains meanwhile, at its old size): an in-place change's delay from
+  the tick that decided it (the run's newest change request, ``RunInfo.resized_s``) to its ``resized`` event:
+  the apply run's queueing and start, the launcher's poll, the newcomers' start-up. Nothing the job gains
+  from a grow arrives before it.
 
 Per kind, the median of the newest ``KEPT`` measurements over the project's jobs (kept in the tick's
 cursor, so they outlive the jobs); a kind nothing has measured yet costs ``PRIOR``, the ``live`` preset's
@@ -28,6 +32,9 @@ from ones_pipeline.sim.change_costs import KINDS, PRESETS
 from ones_pipeline.train import records
 
 PRIOR: Mapping[str, float] = {k: float(getattr(PRESETS["live"], k)) for k in KINDS}
+# An in-place change's delay before anything is measured: the median over this round's live runs on 2 CPU slots
+# (``benchmarks/restart_cost.py``, docs/live.md "What a restart costs").
+LAG_PRIOR_S = 5.0
 KEPT = 20  # measurements kept per kind, newest by event time
 EVENTS = ("training", "stopped", "resized")  # the events a measurement is made of
 LONGEST_S = 3600.0  # a figure outside (0, LONGEST_S] is a clock step or a lost event, not a cost
@@ -46,6 +53,8 @@ def measure(job: str, events: Iterable[Mapping], runs: Sequence[RunInfo]) -> lis
     """``(kind, when, seconds)`` of each change of ``job`` its ``events`` and ``runs`` show (module docstring);
     ``when``: the time of the event that ends it."""
     created = {r.generation: r.created_s for r in runs if r.job == job and r.created_s}
+    asked = {r.generation: r.resized_s for r in runs if r.job == job and r.resized_s}  # its newest change's tick
+    lagged: set[int] = set()
     first: dict[int, float] = {}  # generation -> its first step
     stopped: dict[int, float] = {}  # generation -> its stop (checkpoint written)
     out = []
@@ -58,6 +67,9 @@ def measure(job: str, events: Iterable[Mapping], runs: Sequence[RunInfo]) -> lis
             paused, old, new = _number(row.get("paused_s")), row.get("from"), row.get("to")
             if paused is not None and isinstance(old, int) and isinstance(new, int) and old != new:
                 out.append(("grow" if new > old else "shrink", t, paused))
+                if gen in asked and t > asked[gen] and gen not in lagged:  # the first change after the newest ask
+                    out.append(("lag", t, t - asked[gen]))
+                    lagged.add(gen)
         elif kind == "training":
             first.setdefault(gen, t)
         elif kind == "stopped":
@@ -87,8 +99,11 @@ def remember(kept: dict[str, list[list[float]]], measured: Iterable[tuple[str, f
 
 def costs(kept: Mapping[str, Sequence[Sequence[float]]], in_place: bool) -> dict[str, float]:
     """Seconds per kind of change (``sim.change_costs.KINDS``): the median of those kept, else ``PRIOR``; where
-    the launcher cannot resize in place, grow and shrink cost a restart."""
+    the launcher cannot resize in place, grow and shrink cost a restart. Where it can, also ``lag``: an in-place
+    change's delay to its effect (else ``LAG_PRIOR_S``)."""
     out = {k: round(statistics.median(r[1] for r in kept[k]), 3) if kept.get(k) else PRIOR[k] for k in KINDS}
     if not in_place:
         out["grow"] = out["shrink"] = out["restart"]
+    else:
+        out["lag"] = round(statistics.median(r[1] for r in kept["lag"]), 3) if kept.get("lag") else LAG_PRIOR_S
     return out

@@ -42,11 +42,13 @@ class Why:
     change: str = "restart"  # its kind (``sim.change_costs.KINDS``; "" when it only stops)
     alone: bool = False  # the only active job
     measured: bool = True  # False: neither the job nor its model's earlier jobs have measured a step (no times)
+    lag_s: float = 0.0  # a grow in place: its delay from the decision to its effect (the job trains on meanwhile)
 
     def text(self) -> str:
         parts = []
         before, after = self.remaining_before_s, self.remaining_after_s
-        cost = f"{KIND_WORDS.get(self.change, self.change)}, ~{_cost(self.change_cost_s)}"
+        cost = f"{KIND_WORDS.get(self.change, self.change)}, ~{_cost(self.change_cost_s)}" + \
+            (f", in effect after ~{_cost(self.lag_s)}" if self.lag_s > 0 else "")
         if not self.measured:
             parts.append(f"not measured yet: how long it trains is unknown until its first steps are timed ({cost})"
                          if self.change else "not measured yet")
@@ -133,14 +135,17 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
         kind = change_kind(subset[i], old.gpus if old else (), alloc.gpus if alloc else (),
                            bool((in_place or {}).get(job)))
         cost = float(subset[i].change_costs.get(kind, UNKNOWN_COST_S)) if kind else 0.0
+        lag = float(subset[i].change_costs.get("lag", 0.0)) if kind == "grow" and before is not None else 0.0
         if after is not None:
             after += cost
+            if lag > 0:  # it trains at its old size until the grow lands (or it is done)
+                after = before if before <= lag else lag + after * (1.0 - lag / before)
         given_up = set(current.gpus_of(job)) - set(new.gpus_of(job))
         frees = tuple(sorted(o for o, a in new.allocations.items() if o != job and given_up & set(a.gpus)))
         measured = timed(subset[i])
         if not measured:  # no step time to predict from
             before = after = None
-        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1, measured)
+        out[job] = Why(before, after, round(cost, 3), frees, kind, len(views) == 1, measured, round(lag, 3))
     return out
 
 

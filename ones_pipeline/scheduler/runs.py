@@ -65,7 +65,7 @@ class RunInfo:
     end_s: float | None = None
     failure_reason: str = ""  # Dagster's ``dagster/failure_reason`` of a failed run
     held: tuple[int, ...] | None = None  # slots whose tag says ``held`` (None: as ``slot_ids``)
-    resized_s: float | None = None  # when its slots were last asked to change in place (the request's time)
+    resized_s: float | None = None  # when its slots were last asked to change in place (the tick's decision)
 
     @property
     def held_ids(self) -> tuple[int, ...]:
@@ -105,7 +105,7 @@ class RunInfo:
             try:
                 slots = tuple(int(s) for s in change["slots"])
                 batch = int(change.get("global_batch") or batch)
-                resized = float(change["time_s"])
+                resized = float(change.get("decided_s") or change["time_s"])
             except (KeyError, TypeError, ValueError):
                 pass
         held = tuple(sorted(int(k.rsplit("-", 1)[1]) for k, v in tags.items()
@@ -239,6 +239,7 @@ class Resize:
     lr: float
     device: str
     reason: str
+    decided_s: float = 0.0  # the tick's time (the change's delay to its effect is measured from it)
 
     @property
     def kind(self) -> str:
@@ -248,7 +249,7 @@ class Resize:
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "job": self.job, "generation": self.generation, "before": list(self.before),
                 "after": list(self.after), "global_batch": self.global_batch, "lr": self.lr, "device": self.device,
-                "reason": self.reason}
+                "reason": self.reason, "decided_s": self.decided_s}
 
 
 @dataclass(frozen=True)

@@ -448,7 +448,7 @@ def diff_into_cancels_and_starts(inputs: TickInputs, settings: SchedulerSettings
         if path == IN_PLACE:
             lr = after.lr if batch == after.global_batch else lr_for_batch(inputs.specs[job], batch)
             plan.resizes.append(Resize(run.run_id, job, run.generation, before_ids, after_ids, batch, float(lr),
-                                       inputs.device, f"{settings.policy}: {reason}"))
+                                       inputs.device, f"{settings.policy}: {reason}", round(inputs.now, 3)))
             state.resizing[run.run_id] = [round(inputs.now, 2), list(after_ids)]
         else:
             if before is not None:

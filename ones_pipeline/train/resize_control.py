@@ -59,12 +59,14 @@ def resize_request_file(job_dir: Path | str, generation: int) -> Path:
 
 
 def request_resize(job_dir: Path | str, generation: int, slots: Sequence[int], *, global_batch: int | None = None,
-                   lr: float | None = None, reason: str = "", run_id: str | None = None) -> str:
+                   lr: float | None = None, reason: str = "", run_id: str | None = None,
+                   decided_s: float | None = None) -> str:
     """Ask the running launcher of ``generation`` to train on ``slots`` (their ids, one rank each) in place;
     return the request's id. ``global_batch``/``lr``: default the core rule for the new count. A later request
     replaces one not yet carried out. The launcher's log and the job's ``progress.jsonl`` say what happened.
     ``run_id``: the Dagster run of the generation; the file is then also that run's record of its allocation
-    (``read_resize_request``, ``scheduler.runs.RunInfo.from_run``), kept after the change."""
+    (``read_resize_request``, ``scheduler.runs.RunInfo.from_run``), kept after the change. ``decided_s``: when the
+    scheduler decided it (its tick's clock), from which the change's delay to its effect is measured."""
     slots = [int(s) for s in slots]
     if not slots or len(set(slots)) != len(slots) or min(slots) < 0:
         raise ValueError(f"slots must be distinct ids >= 0, at least one; got {slots}")
@@ -74,7 +76,8 @@ def request_resize(job_dir: Path | str, generation: int, slots: Sequence[int], *
     path = resize_request_file(job_dir, generation)
     tmp = path.with_name(f".{path.name}.{rid}.tmp")
     tmp.write_text(json.dumps({"id": rid, "slots": slots, "global_batch": global_batch, "lr": lr, "reason": reason,
-                               "time_s": time.time(), **({"run_id": run_id} if run_id else {})}))
+                               "time_s": time.time(), **({"run_id": run_id} if run_id else {}),
+                               **({"decided_s": float(decided_s)} if decided_s else {})}))
     os.replace(tmp, path)
     return rid
 

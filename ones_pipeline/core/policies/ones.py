@@ -180,13 +180,14 @@ def unmeasured_as_short(jobs: Sequence[JobView], remaining: np.ndarray, one_gpu_
 
 
 def _charges(jobs: Sequence[JobView], table: np.ndarray, remaining: np.ndarray, cur: np.ndarray, need: np.ndarray,
-             cur_rate: np.ndarray) -> np.ndarray:
+             cur_rate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(J, N+1) the churn charge of giving each job n GPUs (``change_charge`` of that kind of change), from its
     predicted time left at its current count (on its real placement), or its requested one when queued; 0
     where its count stays; column 0: the charge of its start after it waits. The charge exists so that long
     jobs are not resized round after round; a job with two minutes left that pays two minutes for any change
     is never moved for the short jobs queued behind it (seen in the live A/B mix: ones kept a long job on
-    both slots while five short ones queued, 1.57x fifo's mean JCT in the simulator)."""
+    both slots while five short ones queued, 1.57x fifo's mean JCT in the simulator). And (J, N+1) what a
+    running job's grow to n loses to the grow's delay (``_lagged``)."""
     J, width = table.shape
     n = np.where(cur > 0, cur, np.maximum(need, 1))
     rate = table[np.arange(J), np.minimum(n, width - 1)]
@@ -200,7 +201,21 @@ def _charges(jobs: Sequence[JobView], table: np.ndarray, remaining: np.ndarray, 
     n, held = np.arange(width)[None, :], cur[:, None]
     running = np.where(n == 0, charge["restart"][:, None], np.where(
         n > held, charge["grow"][:, None], np.where(n < held, charge["shrink"][:, None], 0.0)))
-    return np.where(held > 0, running, resume)
+    return np.where(held > 0, running, resume), np.where((held > 0) & (n > held), _lagged(jobs, table, left, rate), 0.0)
+
+
+def _lagged(jobs: Sequence[JobView], table: np.ndarray, left: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """(J, N+1) what a grow in place loses to its delay (``JobView.change_costs["lag"]``, measured live from the
+    decision to the change made; none in the simulator, which makes a change when it is decided): the job trains
+    that long at the rate it has, so it finishes ``min(lag, left) x (1 - rate / rate at n)`` later than at once
+    on n. A job that finishes before its grow lands gains nothing from it (live, a job 7 s from its end was grown
+    while a long one was stopped to free the slot; the job had finished before the slot was free)."""
+    lag = np.array([float((j.change_costs or {}).get("lag", 0.0)) for j in jobs])
+    if not lag.any():
+        return np.zeros_like(table)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slower = np.where(table > 0, 1.0 - rate[:, None] / table, 0.0)
+    return np.minimum(lag, left)[:, None] * np.clip(slower, 0.0, 1.0)
 
 
 class OnesPolicy(PolicyBase):
@@ -261,7 +276,7 @@ class OnesPolicy(PolicyBase):
         remaining = unmeasured_as_short(jobs, estimates.remaining_work(jobs), table[:, 1])  # (J,)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
-        charges = _charges(jobs, table, remaining, cur, np.minimum(
+        charges, lagged = _charges(jobs, table, remaining, cur, np.minimum(
             np.array([max(j.spec.requested_gpus, 1) for j in jobs]), caps), cur_rate)
         requested = np.array([j.spec.requested_gpus for j in jobs], dtype=np.int64)
         # GPU time is worth more the more the active jobs' requests oversubscribe the cluster.
@@ -276,7 +291,7 @@ class OnesPolicy(PolicyBase):
             locked = (since < hold_s) & (cur > 0) & (cur <= caps)
         inputs = DecisionInputs(gpus=G, caps=caps, goodput=table, remaining=remaining, held=cur,
                                 change_cost=charges, submit=submit, requested=requested, held_goodput=cur_rate,
-                                waited_s=waited, locked=locked)
+                                waited_s=waited, locked=locked, grow_lag=lagged if lagged.any() else None)
         weights = FitnessWeights(horizon_s=c.horizon_s, tail_chain_plain=c.tail_chain_plain,
                                  gpu_time_weight=c.gpu_time_weight * J * overload, wait_weight=c.wait_weight or 1.0)
         return OnesContext(inputs, weights)

@@ -27,6 +27,9 @@ class DecisionInputs(NamedTuple):
     held_goodput: np.ndarray | None = None  # goodput on the GPUs held, their real placement (unchanged counts)
     waited_s: np.ndarray | None = None  # s waited without GPUs (None: completions unweighted)
     locked: np.ndarray | None = None  # jobs that keep the count they hold in every individual (the hold)
+    # (J, N + 1) s a running job's grow to n loses to the grow's delay (it trains at its old rate meanwhile),
+    # charged as churn and weighed by the repair's padding; None: changes take effect when decided
+    grow_lag: np.ndarray | None = None
 
 
 class FitnessWeights(NamedTuple):
@@ -68,7 +71,8 @@ class OnesContext:
             charge = np.repeat(charge[:, None], table.shape[1], axis=1)
             kept = (self.cur > 0) & (self.cur < table.shape[1])
             charge[kept, self.cur[kept]] = 0.0
-        self.change_cost = charge  # (J, N + 1)
+        lag = inputs.grow_lag
+        self.change_cost = charge if lag is None else charge + lag  # (J, N + 1)
         self.idx = np.arange(J)
         # Time alone at 1 GPU: serves as "shortest remaining first" order for queued jobs.
         self.t1 = remaining / np.maximum(table[:, 1], 1e-12)
@@ -79,6 +83,7 @@ class OnesContext:
             run = np.where(n[None, :] > 0, remaining[:, None] / np.maximum(table, 1e-12), np.inf)
         run[n[None, :] > caps[:, None]] = np.inf
         self.run_time = run  # (J, N+1)
+        self.pad_time = run if lag is None else run + lag  # what the repair's padding weighs
         # A queued job is assumed to start on its requested GPUs (capped) once that many are free.
         self.need = np.clip(inputs.requested, 1, caps)
         self.t_need = run[self.idx, self.need]
@@ -126,7 +131,7 @@ class OnesContext:
         Vectorised over the population. Over-full individuals keep jobs shortest-remaining first
         while they fit (the one that overflows shrinks); padding gives queued jobs GPUs
         shortest-remaining first (1 each, or their request), then lets scheduled jobs double while
-        that shortens them and GPUs remain.
+        that shortens them (a grow's delay included) and GPUs remain.
         """
         order = self.srt_order
         caps_o = self.caps[order][None, :]
@@ -147,7 +152,7 @@ class OnesContext:
         give = waiting & (np.cumsum(want, axis=1) <= free[:, None])
         x = x + np.where(give, want, 0)
         free = free - np.where(give, want, 0).sum(axis=1)
-        run_o = self.run_time[order]  # (J, N+1)
+        run_o = self.pad_time[order]  # (J, N+1)
         jo = np.arange(len(order))[None, :]
         for _ in range(2):
             if not (free > 0).any():
