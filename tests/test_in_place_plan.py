@@ -71,8 +71,18 @@ def test_a_run_changed_in_place_moments_ago_grows_back_once_the_slot_it_gave_up_
     grown = plan([long0b], now=1010.0, cursor=pending.cursor, min_hold_s=30.0, finished=frozenset({"short"}))
     (back,) = grown.resizes
     assert back.job == "long" and back.kind == "grow" and set(back.after) == {0, 1} and not grown.cancels
+
+
+
+def test_a_run_that_started_moments_ago_is_changed_in_place_but_not_stopped():
+    """``min_run_s`` keeps a young run from being stopped (its start-up would be lost), not from a change in
+    place, which loses none of it: 'long', started 15 s ago on 1 of 2 idle slots, grows at once (the live A/B
+    left the slot beside a resumed job idle 35 s); through a checkpoint (Slurm) the same grow waits."""
     young = run_of("long-0", "STARTED", "long", 0, [0], created_s=995.0, start_s=996.0)
-    assert not plan([young], now=1010.0, min_hold_s=30.0, finished=frozenset({"short"})).resizes  # a start: held
+    (grow,) = plan([young], now=1010.0, min_hold_s=30.0, finished=frozenset({"short"})).resizes
+    assert grow.kind == "grow" and set(grow.after) == {0, 1}
+    slurm = plan([young], now=1010.0, min_hold_s=30.0, finished=frozenset({"short"}), launcher="slurm")
+    assert not slurm.cancels and not slurm.launches and slurm.idle["long"].endswith("ago (min_run_s)")
 
 
 @pytest.mark.parametrize(("launcher", "status", "why"), [

@@ -38,11 +38,14 @@ def test_generation_follows_every_run_ever_and_stale_runs_are_cancelled():
 
 
 def test_a_young_run_keeps_its_slots_and_blocks_what_would_need_them():
-    """'long' (2000 epochs) holds both slots; 'short' arrives. With min_hold the long job's run, created
-    5 s ago, is left alone; once it is older, the policy may take a slot for 'short'."""
+    """'long' (2000 epochs) holds both slots; 'short' arrives. Where a change stops the run (Slurm: through a
+    checkpoint) the long job's run, created 5 s ago, is left alone with min_hold; once it is older, the policy may
+    take a slot for 'short'. Where it shrinks in place, it loses none of its start-up, and does so at once."""
     long_run = run("long", 0, [0, 1], created=995.0, batch=64)
-    held = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
+    held = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0, launcher="slurm")
     assert not held.cancels and not held.launches
+    in_place = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
+    assert [r.job for r in in_place.resizes] == ["long"] and [x.job for x in in_place.launches] == ["short"]
     free = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=0.0, launcher="slurm")
     assert [c.job for c in free.cancels] == ["long"] and "short" in {x.job for x in free.launches}
     slots = [s for x in free.launches for s in x.slot_ids]
@@ -217,7 +220,7 @@ def test_the_reason_quotes_what_the_kind_of_change_costs_and_says_when_the_job_i
 
 def test_a_job_that_waits_says_why_and_who_holds_the_slots():
     long_run = run("long", 0, [0, 1], created=995.0, batch=64)
-    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0)
+    p = plan([spec("long", 2000), spec("short", 2)], [long_run], now=1000.0, min_hold_s=30.0, launcher="slurm")
     assert p.waiting == {"short": "waiting: no free slots; held by long (cpu 0,1)"}
     from ones_pipeline.scheduler.rationale import waiting_reason
 

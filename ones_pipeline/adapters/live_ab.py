@@ -289,8 +289,8 @@ class LiveViews:
     """A policy as the live scheduler runs it. It sees the jobs as the live sensor shows them: with the gradient
     noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
     without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
-    does (``scheduler.tick.hold_young_runs``), a job whose run started less than that long ago keeps its
-    allocation, and so does any job whose new allocation needs its slots, whatever the policy decided. With ``ticks_s``
+    does (``scheduler.tick.hold_young_runs``), a job whose run started less than that long ago is not stopped
+    (a change in place is made), and neither is any job whose new allocation needs its slots. With ``ticks_s``
     (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
     decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
     rounds nothing changes."""
@@ -326,7 +326,7 @@ class LiveViews:
         if not self.noise:
             jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
         new = self.policy.decide(now_s, cluster, jobs, current)
-        young = [j for j, t in self._started.items() if now_s - t < self.min_run_s]
+        young = [j for j, t in self._started.items() if now_s - t < self.min_run_s and _stops(j, current, new)]
         out = hold_young_runs(new, current, dict.fromkeys(young)) if young else new
         self._started.update({j: now_s for j in out.allocations if j not in current.allocations})
         return out
@@ -336,6 +336,14 @@ class LiveViews:
 
     def load_state(self, state) -> None:
         self.policy.load_state(state)
+
+
+def _stops(job: str, current: Schedule, new: Schedule) -> bool:
+    """Whether ``new`` stops ``job``'s run (a preemption, or a batch change it does not tune itself): what the live
+    tick holds a young run against; every other change of a live run on CPU slots is made in place."""
+    after, before = new.allocations.get(job), current.allocations.get(job)
+    return after is None or (before is not None and before.global_batch != after.global_batch
+                             and not after.batch_tuned_by_job)
 
 
 def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],

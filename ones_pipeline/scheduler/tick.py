@@ -156,10 +156,12 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
         change_costs.remember(state.change_costs, change_costs.measure(job, events, current.by_job.get(job, [])))
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    # A run keeps its allocation while it starts (its start-up is not wasted) and while an in-place change asked
-    # of it is not yet made; after an in-place change the policy's own hold applies (in proportion to its cost).
-    young = {j: r for j, r in current.runs.items() if j in in_force.allocations and
-             (inputs.now - r.created_s < settings.min_hold_s or r.run_id in state.resizing)}
+    # A run keeps its allocation while an in-place change asked of it is not yet made, and while it starts
+    # against any change that would stop it (its start-up is not wasted; one made in place wastes none of it);
+    # after an in-place change the policy's own hold applies (in proportion to its cost).
+    young = {j: r for j, r in current.runs.items() if j in in_force.allocations and (r.run_id in state.resizing or (
+        inputs.now - r.created_s < settings.min_hold_s and not _made_in_place(inputs, settings, in_force, new, j,
+                                                                                 r, spec_changed)))}
     new = hold_young_runs(new, in_force, young)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
@@ -360,6 +362,17 @@ def decide(inputs: TickInputs, settings: SchedulerSettings, current: _Current, v
     plan.decide_s = time.perf_counter() - t0
     new.validate(inputs.cluster, {v.name: v.spec for v in views})
     return in_force, new, policy
+
+
+def _made_in_place(inputs: TickInputs, settings: SchedulerSettings, current: Schedule, new: Schedule, job: str,
+                   run: RunInfo, spec_changed: set[str]) -> bool:
+    """Whether ``job``'s change from ``current`` to ``new`` is one its running generation makes in place."""
+    before, after = current.allocations.get(job), new.allocations.get(job)
+    if before is None or after is None or job in spec_changed or _batch_change(before, after):
+        return False
+    ids = inputs.slot_ids
+    return not_in_place(settings.launcher, inputs.device, tuple(ids[i] for i in before.gpus),
+                        tuple(ids[i] for i in after.gpus), run.status) is None
 
 
 def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInfo]) -> Schedule:
