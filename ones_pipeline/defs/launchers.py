@@ -28,6 +28,7 @@ import dagster as dg
 
 from ones_pipeline.config import EnvConfig
 from ones_pipeline.config.layout import PROGRESS_FILE, STEP_PID_ENV, preempt_request_file
+from ones_pipeline.defs.pipes_lines import WholeLineMessageReader
 from ones_pipeline.defs.resources import MlflowResource, OnesEnvResource
 from ones_pipeline.scheduler.allocation import RunAllocation
 
@@ -57,7 +58,8 @@ class SubprocessLauncher(StepLauncher):
 
     def run(self, context: dg.AssetExecutionContext, allocation: RunAllocation) -> list:
         grace = self.ones_env.config().launcher.grace_period_s
-        client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=grace + 10)
+        client = dg.PipesSubprocessClient(forward_termination=True, termination_timeout_seconds=grace + 10,
+                                          message_reader=WholeLineMessageReader())
         invocation = client.run(context=context, command=[sys.executable, "-m", STEP_MODULE],
                                 extras=self.step_extras(allocation),
                                 env={**self.mlflow.step_env(), STEP_PID_ENV: str(os.getpid())})

@@ -5,7 +5,7 @@ generation's directory under the job's state directory (shared by every node) ge
 (``train/slurm_ranks.py``) and the batch script, ``exec srun <python> -m ones_pipeline.train --slurm-request
 FILE``. ``sbatch`` asks for exactly those nodes, one task and one GPU (``--gpus-per-task=1``) per rank (a
 heterogeneous job when the nodes' counts differ). The Pipes context goes into a file there and the step's
-messages come back through another (``dg.PipesFileContextInjector``/``dg.PipesFileMessageReader``);
+messages come back through another (``dg.PipesFileContextInjector``/``pipes_lines.WholeLineMessageReader``);
 the job's output file is relayed into the run log while it runs.
 
 Cancelling the Dagster run (a preemption or resize) interrupts the wait; then, in a ``finally``:
@@ -40,6 +40,7 @@ from ones_pipeline.adapters.slurm import (
     submit,
 )
 from ones_pipeline.config import EnvConfig
+from ones_pipeline.defs.pipes_lines import WholeLineMessageReader
 from ones_pipeline.scheduler.allocation import RunAllocation
 from ones_pipeline.train.slurm_ranks import LEADER_EXIT_FILE, devices_text, read_leader_exit, read_rank_records
 
@@ -247,7 +248,7 @@ def run_slurm_step(context, env: EnvConfig, alloc: RunAllocation, extras: dict, 
     step_dir, conf = script.parent, env.cluster.slurm.slurm_conf
     with dg.open_pipes_session(context=context, extras=extras,
                                context_injector=dg.PipesFileContextInjector(str(step_dir / "pipes-context.json")),
-                               message_reader=dg.PipesFileMessageReader(str(step_dir / "pipes-messages.jsonl"))
+                               message_reader=WholeLineMessageReader(str(step_dir / "pipes-messages.jsonl"))
                                ) as session:
         try:
             variables = {**step_env, **session.get_bootstrap_env_vars(), **job_env}
