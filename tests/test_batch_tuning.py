@@ -29,7 +29,7 @@ from ones_pipeline.core.types import (
     lr_for_batch,
 )
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.tick import _batch_change, hold_young_runs
+from ones_pipeline.scheduler.holds import batch_change, hold_young_runs
 from ones_pipeline.train.api import Placement, TrainingSession
 from ones_pipeline.train.batch_tuning import BatchChange, BatchTuner, accumulation_for, as_observation
 from ones_pipeline.train.checkpoint import load_checkpoint
@@ -313,9 +313,9 @@ def test_tune_batch_travels_from_the_allocation_to_the_ranks(tmp_path):
 
 def test_a_batch_change_alone_restarts_only_a_job_that_does_not_tune_its_own():
     before = Allocation("a", (0, 1), 64, 0.08)
-    assert _batch_change(before, Allocation("a", (0, 1), 128, 0.16))
-    assert not _batch_change(before, Allocation("a", (0, 1), 128, 0.16, batch_tuned_by_job=True))
-    assert not _batch_change(before, Allocation("a", (0, 1), 64, 0.08))
+    assert batch_change(before, Allocation("a", (0, 1), 128, 0.16))
+    assert not batch_change(before, Allocation("a", (0, 1), 128, 0.16, batch_tuned_by_job=True))
+    assert not batch_change(before, Allocation("a", (0, 1), 64, 0.08))
     # A young run is held only for a change that needs a restart.
     current = Schedule({"a": before})
     tuned = Schedule({"a": Allocation("a", (0, 1), 128, 0.16, batch_tuned_by_job=True)})

@@ -37,8 +37,8 @@ from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
+from ones_pipeline.scheduler.holds import batch_change, hold_young_runs
 from ones_pipeline.scheduler.runs import RunInfo
-from ones_pipeline.scheduler.tick import hold_young_runs
 from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
 from ones_pipeline.sim.truth import SimJob
@@ -289,7 +289,7 @@ class LiveViews:
     """A policy as the live scheduler runs it. It sees the jobs as the live sensor shows them: with the gradient
     noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
     without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
-    does (``scheduler.tick.hold_young_runs``), a job whose run started less than that long ago is not stopped
+    does (``scheduler.holds``), a job whose run started less than that long ago is not stopped
     (a change in place is made), and neither is any job whose new allocation needs its slots. With ``ticks_s``
     (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
     decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
@@ -341,9 +341,8 @@ class LiveViews:
 def _stops(job: str, current: Schedule, new: Schedule) -> bool:
     """Whether ``new`` stops ``job``'s run (a preemption, or a batch change it does not tune itself): what the live
     tick holds a young run against; every other change of a live run on CPU slots is made in place."""
-    after, before = new.allocations.get(job), current.allocations.get(job)
-    return after is None or (before is not None and before.global_batch != after.global_batch
-                             and not after.batch_tuned_by_job)
+    after = new.allocations.get(job)
+    return after is None or batch_change(current.allocations.get(job), after)
 
 
 def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],

@@ -45,6 +45,7 @@ from ones_pipeline.core.types import (
 )
 from ones_pipeline.scheduler import change_costs
 from ones_pipeline.scheduler.allocation import RunAllocation
+from ones_pipeline.scheduler.holds import batch_change, hold_young_runs, young_runs
 from ones_pipeline.scheduler.in_place import CHECKPOINT, IN_PLACE, not_in_place, rank_order, resizes_in_place
 from ones_pipeline.scheduler.rationale import describe_change, explain, idle_reasons, waiting_reasons
 from ones_pipeline.scheduler.runs import (
@@ -156,19 +157,13 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
         change_costs.remember(state.change_costs, change_costs.measure(job, events, current.by_job.get(job, [])))
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    # A run keeps its allocation while an in-place change asked of it is not yet made, and while it starts
-    # against any change that would stop it (its start-up is not wasted; one made in place wastes none of it);
-    # after an in-place change the policy's own hold applies (in proportion to its cost).
-    young = {j: r for j, r in current.runs.items() if j in in_force.allocations and (r.run_id in state.resizing or (
-        inputs.now - r.created_s < settings.min_hold_s and not _made_in_place(inputs, settings, in_force, new, j,
-                                                                                 r, spec_changed)))}
+    young = young_runs(inputs.now, settings.min_hold_s, current.runs, in_force, new, state.resizing, spec_changed,
+                       inputs.slot_ids, inputs.device, settings.launcher)  # job -> why it is held
     new = hold_young_runs(new, in_force, young)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
     plan.waiting = waiting_reasons(new, [v.name for v in views], inputs.slot_ids, inputs.device)
-    plan.idle = idle_reasons(views, inputs.cluster, new, {
-        j: "its in-place change is being made" if r.run_id in state.resizing else
-        f"its run started less than {settings.min_hold_s:.0f} s ago (min_run_s)" for j, r in young.items()})
+    plan.idle = idle_reasons(views, inputs.cluster, new, young)
     plan.policy_state = policy.to_dict()
     plan.policy_ref = policy_ref(plan.policy_state)
     plan.cursor = _cursor(inputs, policy, state, [v.name for v in views])
@@ -364,40 +359,6 @@ def decide(inputs: TickInputs, settings: SchedulerSettings, current: _Current, v
     return in_force, new, policy
 
 
-def _made_in_place(inputs: TickInputs, settings: SchedulerSettings, current: Schedule, new: Schedule, job: str,
-                   run: RunInfo, spec_changed: set[str]) -> bool:
-    """Whether ``job``'s change from ``current`` to ``new`` is one its running generation makes in place."""
-    before, after = current.allocations.get(job), new.allocations.get(job)
-    if before is None or after is None or job in spec_changed or _batch_change(before, after):
-        return False
-    ids = inputs.slot_ids
-    return not_in_place(settings.launcher, inputs.device, tuple(ids[i] for i in before.gpus),
-                        tuple(ids[i] for i in after.gpus), run.status) is None
-
-
-def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, RunInfo]) -> Schedule:
-    """``new`` with the young runs' jobs kept as they are, and any job whose new allocation needs their
-    slots kept as it is too (transitively), so the result stays free of double-booking."""
-    held = {j for j in young if new.gpus_of(j) != current.gpus_of(j) or _batch_change(current.allocations.get(j),
-                                                                                   new.allocations.get(j))}
-    while True:
-        taken = {g for j in held for g in current.gpus_of(j)}
-        more = {j for j, a in new.allocations.items() if j not in held and taken.intersection(a.gpus)}
-        if not more:
-            break
-        held |= more
-    allocations = {j: a for j, a in new.allocations.items() if j not in held}
-    allocations.update({j: current.allocations[j] for j in held if j in current.allocations})
-    return Schedule(allocations)
-
-
-def _batch_change(before: Allocation | None, after: Allocation | None) -> bool:
-    """A change of batch alone that needs a new generation: not when the job re-tunes its batch itself
-    (``Allocation.batch_tuned_by_job``; the running step moves to that batch without a restart)."""
-    return (before is not None and after is not None and before.global_batch != after.global_batch
-            and not after.batch_tuned_by_job)
-
-
 def done_training(inputs: TickInputs, job: str) -> bool:
     """MLflow shows the job's whole sample budget trained (an epochs or samples rule): its run is ending and
     will materialize; a new allocation would pay a start-up to train nothing."""
@@ -419,7 +380,7 @@ def _changed_jobs(inputs: TickInputs, current: _Current, new: Schedule, active: 
         before, after = current.allocations.get(job), new.allocations.get(job)
         before_ids = tuple(ids[i] for i in before.gpus) if before else ()
         after_ids = tuple(ids[i] for i in after.gpus) if after else ()
-        if job in spec_changed or sorted(before_ids) != sorted(after_ids) or _batch_change(before, after):
+        if job in spec_changed or sorted(before_ids) != sorted(after_ids) or batch_change(before, after):
             out.append(job)
     return out
 
