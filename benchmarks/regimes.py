@@ -20,6 +20,12 @@ one. Rounds are 60 s. ``--quick``: one workload per cell and seed 0 (a smoke run
 
     python benchmarks/regimes.py [--cells pollux@1.0,small-4,cold] [--workloads 1,5] [--seeds 0,1,2]
                                  [--policies ones,fifo,tiresias,pollux,sia] [--processes 2] [--json OUT]
+                                 [--results RUNS.jsonl]
+
+``--results RUNS.jsonl``: each simulation's mean JCT is appended there as it finishes (one JSON line: cell
+instance, policy, seed, mean JCT, wall seconds, the commit), and a rerun with the same file simulates only what
+is missing, so a grid of hours survives an interrupted run. Lines of another commit are not used (the script
+says how many it ignored); uncommitted changes are not seen, so start a new file after changing the code.
 
 ``--json OUT`` writes ``{"cells": {cell: {policy: mean_jct_s, "bound": s}}, "worst_ratio": x,
 "geo_vs_pollux": y}``: ``worst_ratio`` the largest over cells of ``ones`` / the best other policy,
@@ -33,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -103,9 +110,46 @@ def _run(args) -> tuple[str, str, int, float, float]:
     return label, policy, seed, float(np.mean([j.jct_s for j in result.jobs])), time.perf_counter() - t0
 
 
+def commit() -> str:
+    """The repository's commit (``--results`` lines of another are not reused), or "unknown" outside git."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except OSError:
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def _earlier(results: Path | None, code: str) -> dict[tuple[str, str, int], float]:
+    """``{(instance, policy, seed): mean JCT}`` of the ``--results`` lines of commit ``code``."""
+    if results is None or not results.is_file():
+        return {}
+    found, other = {}, 0
+    for n, line in enumerate(results.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            key, mean = (str(row["instance"]), str(row["policy"]), int(row["seed"])), float(row["mean_jct_s"])
+        except (ValueError, KeyError, TypeError) as exc:  # a line cut short by a crash: simulated again
+            print(f"regimes: {results}:{n}: ignored ({exc.__class__.__name__}: {exc})", file=sys.stderr)
+            continue
+        if row.get("commit") != code:
+            other += 1
+            continue
+        found[key] = mean
+    if other:
+        print(f"regimes: {results}: {other} line(s) of another commit ignored (this one: {code})", file=sys.stderr)
+    return found
+
+
 def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies: list[str],
-             processes: int) -> dict[str, dict[str, float]]:
-    """``{cell: {policy: mean JCT over its instances and seeds, "bound": mean of the instances' bounds}}``."""
+             processes: int, results: Path | None = None) -> dict[str, dict[str, float]]:
+    """``{cell: {policy: mean JCT over its instances and seeds, "bound": mean of the instances' bounds}}``;
+    with ``results`` (JSON lines), the simulations found there for this commit are not run again and each new
+    one is appended as it finishes."""
+    code = commit()
+    means: dict[tuple[str, str], list[float]] = {}
+    earlier = _earlier(results, code)
     tasks, bounds, members = [], {}, {}
     for cell in cells:
         found = instances(cell, workloads)
@@ -115,12 +159,26 @@ def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies:
         members[cell] = [label for label, *_ in found]
         for label, jobs, cluster, config in found:
             bounds[label] = lower_bound(jobs, cluster, config).mean_jct_s
-            tasks += [(label, jobs, cluster, config, p, s) for p in policies for s in seeds]
-    means: dict[tuple[str, str], list[float]] = {}
+            for p in policies:
+                for s in seeds:
+                    if (label, p, s) in earlier:
+                        means.setdefault((label, p), []).append(earlier[(label, p, s)])
+                    else:
+                        tasks.append((label, jobs, cluster, config, p, s))
+    if earlier:
+        print(f"regimes: {sum(map(len, means.values()))} simulation(s) read from {results}, {len(tasks)} to run",
+              file=sys.stderr)
+    if results is not None and results.is_file() and not results.read_bytes().endswith(b"\n"):
+        with results.open("a") as f:  # a line cut short by a crash ends here, so the next one starts whole
+            f.write("\n")
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=processes) as pool:
         for k, (label, policy, seed, mean, wall) in enumerate(pool.map(_run, tasks), 1):
             means.setdefault((label, policy), []).append(mean)
+            if results is not None:
+                with results.open("a") as f:
+                    f.write(json.dumps({"instance": label, "policy": policy, "seed": seed, "mean_jct_s": mean,
+                                        "wall_s": round(wall, 1), "commit": code}) + "\n")
             print(f"[{time.perf_counter() - started:6.0f} s] {k}/{len(tasks)} {label} {policy} seed {seed}: "
                   f"{mean:.0f} s ({wall:.0f} s wall)", file=sys.stderr, flush=True)
     return {cell: {**{p: float(np.mean([np.mean(means[(label, p)]) for label in labels])) for p in policies},
@@ -182,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="one workload, seed 0")
     ap.add_argument("--json", default=None, help="write the cells and the two ratios here")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="JSON lines: each simulation appended as it finishes; a rerun runs only what is missing")
     ap.add_argument("--doc", default=None, help="write the table as the 'regimes' section of this markdown file "
                                                  "(docs/results.md; policy_quality.py keeps it)")
     args = ap.parse_args(argv)
@@ -200,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     seeds = _ints(ap, args.seeds, "--seeds")
     if args.quick:
         workloads, seeds = workloads[:1], seeds[:1]
-    doc = summary(run_grid(cells, workloads, seeds, policies, max(args.processes, 1)))
+    doc = summary(run_grid(cells, workloads, seeds, policies, max(args.processes, 1), args.results))
     print(table(doc, policies))
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")

@@ -86,7 +86,7 @@ def test_change_kinds():
 
 def test_parse_presets_overrides_and_bad_input():
     assert parse_change_costs("pollux") == PRESETS["pollux"]
-    assert parse_change_costs("live").start == 19.8
+    assert parse_change_costs("live").start == 11.7
     c = parse_change_costs("default,grow=2,restart=own,in_place=ones")
     assert (c.grow, c.shrink, c.restart, c.in_place) == (2.0, 0.04, None, ("ones",))
     assert parse_change_costs("shrink=1").grow == 0.05
@@ -105,7 +105,7 @@ def test_ones_simulate_takes_the_change_costs(tmp_path, capsys):
                "--change-costs", "live,restart=6", "--no-progress", "--out", str(tmp_path)])
     assert rc == 0
     meta = json.loads((tmp_path / "summary.json").read_text())
-    assert json.dumps(meta).count('"restart": 6.0') == 1 and '"start": 19.8' in json.dumps(meta)
+    assert json.dumps(meta).count('"restart": 6.0') == 1 and '"start": 11.7' in json.dumps(meta)
     with pytest.raises(SystemExit):
         main(["simulate", "--workload", "pollux:workload-6", "--change-costs", "nope"])
     err = capsys.readouterr().err

@@ -26,11 +26,14 @@ Presets (``PRESETS``):
 * ``pollux``: every change (start, resize, move, resume) the job type's own restart cost, in place for no
   policy: the Pollux authors' simulator (30 s per reallocation), which ``docs/results.md``'s comparison with
   the published Pollux keeps.
-* ``live``: all four as measured here on 2 CPU slots: ``start`` 19.8 s (from the tick's decision to the
-  first step, docs/live.md "What a restart costs", through Dagster: queueing, run worker, launcher, ranks),
-  ``grow`` 0.05 s, ``shrink`` 0.04 s and ``restart`` 5.64 s (the checkpoint path of
-  ``benchmarks/resize_cost.py``: stop with a checkpoint and start a new launcher, without Dagster's own run
-  start of 3-5 s; 5.01 s for a shrink that way, the larger taken).
+* ``live``: all four as measured here on 2 CPU slots through Dagster (``benchmarks/restart_cost.py`` on the
+  kept projects of a three-seed ``benchmarks/live_ab.py`` round, commit bd5078e, docs/live.md "What a restart
+  costs"): ``start`` 11.7 s (median of 54 first starts, from the tick's decision to the first step: queueing,
+  run worker, launcher, ranks), ``grow`` 0.05 s and ``shrink`` 0.04 s (in place, ``benchmarks/resize_cost.py``)
+  and ``restart`` 11.3 s (median of 5 resumes after a preemption, decision to first step: a new run's start
+  plus the checkpoint load). The checkpoint path of a change that does not wait (the new run starts while the
+  old one checkpoints) costs less, 5.6 s (``resize_cost.py``); on these slots every change is in place, so a
+  restart is a resume.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class ChangeCosts:
 PRESETS: Mapping[str, ChangeCosts] = {
     "default": ChangeCosts(),
     "pollux": ChangeCosts(grow=None, shrink=None, in_place=()),
-    "live": ChangeCosts(start=19.8, grow=0.05, shrink=0.04, restart=5.64),
+    "live": ChangeCosts(start=11.7, grow=0.05, shrink=0.04, restart=11.3),
 }
 
 
