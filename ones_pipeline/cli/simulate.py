@@ -92,8 +92,8 @@ def add_command(sub: SubcommandAdder) -> None:
                           "through a checkpoint) and the policies resizing in place (in_place=ones+ones-paper): "
                           "default (grow 0.05, shrink 0.04 in place, as benchmarks/resize_cost.py measured, for "
                           "ones and ones-paper; start and restart --restart-cost), pollux (every change "
-                          "--restart-cost, nothing in place: the Pollux comparison), live (start 19.8, grow "
-                          "0.05, shrink 0.04, restart 5.64: 2 CPU slots); e.g. default,grow=2,shrink=1")
+                          "--restart-cost, nothing in place: the Pollux comparison), live (start 11.7, grow "
+                          "0.05, shrink 0.04, restart 11.3: 2 CPU slots); e.g. default,grow=2,shrink=1")
     sim.add_argument("--restart-cost-by-model", type=_costs_by_model, default={}, metavar="MODEL=S,...",
                      help="per job type restart costs, e.g. imagenet=60,ncf=10 (override --restart-cost)")
     sim.add_argument("--seed", type=int, default=0, help="random seed of the policies (0)")
