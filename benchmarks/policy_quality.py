@@ -43,7 +43,14 @@ from ones_options import ones_options  # same folder (the script's folder is on 
 from ones_pipeline import bench_workloads
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.types import Cluster
-from ones_pipeline.reporting import keep_tight_bound, kept_section, per_load_table, plot_jct_cdf, with_section
+from ones_pipeline.reporting import (
+    keep_tight_bound,
+    kept_section,
+    per_load_table,
+    plot_jct_cdf,
+    tight_bound_per_load,
+    with_section,
+)
 from ones_pipeline.sim.bound import lower_bound
 from ones_pipeline.sim.engine import SimConfig
 from ones_pipeline.sim.report import host, summarise
@@ -237,8 +244,6 @@ def refresh_bounds(text: str, bounds: dict[str, float], regime_bounds: dict[str,
     (``tight / fast``, ``binds``, each policy's ratio to the larger bound, its per-load table), and, with
     ``regime_bounds`` (cell -> bound), the regimes table's ``bound``. Ratios come from the rounded seconds
     the document shows, so they can differ from a full regeneration's in the last digit."""
-    from tight_bound import per_load  # same folder; imported here (tight_bound imports this module)
-
     lines = text.split("\n")
     means: dict[str, dict[str, float]] = {}
     for head in [i for i, line in enumerate(lines) if line.startswith("| workload | published Pollux |")][:1]:
@@ -298,7 +303,7 @@ def refresh_bounds(text: str, bounds: dict[str, float], regime_bounds: dict[str,
     if heads and firsts:
         _, rows = _table(lines, firsts[0])
         _, old = _table(lines, heads[0])
-        lines[old.start - 2:old.stop] = per_load([lines[k] for k in rows])
+        lines[old.start - 2:old.stop] = tight_bound_per_load([lines[k] for k in rows], ORDER)
     return "\n".join(lines)
 
 

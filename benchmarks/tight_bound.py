@@ -22,6 +22,7 @@ from pathlib import Path
 from policy_quality import DEFAULT_WORKLOADS, ORDER, _config, workloads  # same folder (on sys.path)
 
 from ones_pipeline.core.types import Cluster
+from ones_pipeline.reporting import tight_bound_per_load
 from ones_pipeline.sim.tight_bound import tight_bound
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,35 +44,6 @@ def published_means(path: Path = RESULTS) -> dict[str, dict[str, float]]:
     return out
 
 
-def per_load(rows: list[str]) -> list[str]:
-    """Markdown per load from the per-workload rows: the mean bound (the larger of the two), each policy's
-    mean JCT over the load's workloads as a ratio of the means to it, and the best schedule we have (per
-    workload the policy with the least mean JCT) against it."""
-    groups: dict[str, list[list[str]]] = {}
-    for row in rows:
-        cells = [c.strip() for c in row.strip().strip("|").split("|")]
-        if not cells[0].startswith(("workload-", "ones-trace")):
-            continue
-        load = cells[0].split("@")[1] if "@" in cells[0] else ("1.0" if cells[0].startswith("workload-") else cells[0])
-        groups.setdefault(load, []).append(cells)
-    names = ("published Pollux", *ORDER)
-    out = ["| load | workloads | fast bound | tight bound | tight / fast | " + " | ".join(names)
-           + " | best schedule / bound |", "|---|" + "---|" * (5 + len(names))]
-    for load, rows_ in groups.items():
-        num = lambda c: float(c.split()[0]) if c[:1].isdigit() else None  # noqa: E731
-        fast = [num(r[1]) for r in rows_]
-        tight = [num(r[2]) for r in rows_]
-        bound = sum(max(f, t) for f, t in zip(fast, tight, strict=True)) / len(rows_)
-        cells = []
-        for i in range(len(names)):
-            vals = [num(r[7 + i]) for r in rows_]
-            cells.append("-" if None in vals else f"{sum(vals) / len(vals) / bound:.2f}x")
-        best = sum(min(v for v in (num(c) for c in r[7:]) if v is not None) for r in rows_) / len(rows_)
-        out.append(f"| {load} | {len(rows_)} | {sum(fast) / len(fast):.0f} s | {sum(tight) / len(tight):.0f} s | "
-                   f"{sum(tight) / sum(fast):.2f}x | " + " | ".join(cells) + f" | {best / bound:.2f}x |")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
@@ -81,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the per-load table of these tables (written by --out) and stop")
     args = ap.parse_args(argv)
     if args.summarise:
-        print("\n".join(per_load([line for f in args.summarise for line in f.read_text().splitlines()])))
+        rows = [line for f in args.summarise for line in f.read_text().splitlines()]
+        print("\n".join(tight_bound_per_load(rows, ORDER)))
         return 0
     specs = workloads(args.workloads.split(","))
     means = published_means()
@@ -106,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         md.append(f"| {label} | {b.fast_s:.0f} s | {b.lagrangian_s:.0f} s | {b.lagrangian_s / b.fast_s:.2f}x | "
                   f"{b.binds} | {b.lp_s:.0f} s | {wall:.0f} / {cpu:.0f} | " + " | ".join(cells) + " |")
         print(md[-1], flush=True)
-    print("\n".join(per_load(md)))
+    print("\n".join(tight_bound_per_load(md, ORDER)))
     if args.out:
         args.out.write_text("\n".join(md) + "\n")
     if invalid:

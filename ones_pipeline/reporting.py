@@ -339,6 +339,36 @@ def keep_tight_bound(old: str, new: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- per-load table
+def tight_bound_per_load(rows: Sequence[str], policies: Sequence[str]) -> list[str]:
+    """Markdown per load from the per-workload rows: the mean bound (the larger of the two), each policy's
+    mean JCT over the load's workloads as a ratio of the means to it, and the best schedule we have (per
+    workload the policy with the least mean JCT) against it. ``rows``: the tight-bound section's per-workload
+    lines (workload, fast bound, tight bound, four columns, then published Pollux and ``policies``' mean JCTs)."""
+    groups: dict[str, list[list[str]]] = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if not cells[0].startswith(("workload-", "ones-trace")):
+            continue
+        load = cells[0].split("@")[1] if "@" in cells[0] else ("1.0" if cells[0].startswith("workload-") else cells[0])
+        groups.setdefault(load, []).append(cells)
+    names = ("published Pollux", *policies)
+    out = ["| load | workloads | fast bound | tight bound | tight / fast | " + " | ".join(names)
+           + " | best schedule / bound |", "|---|" + "---|" * (5 + len(names))]
+    for load, rows_ in groups.items():
+        num = lambda c: float(c.split()[0]) if c[:1].isdigit() else None  # noqa: E731
+        fast = [num(r[1]) for r in rows_]
+        tight = [num(r[2]) for r in rows_]
+        bound = sum(max(f, t) for f, t in zip(fast, tight, strict=True)) / len(rows_)
+        cells = []
+        for i in range(len(names)):
+            vals = [num(r[7 + i]) for r in rows_]
+            cells.append("-" if None in vals else f"{sum(vals) / len(vals) / bound:.2f}x")
+        best = sum(min(v for v in (num(c) for c in r[7:]) if v is not None) for r in rows_) / len(rows_)
+        out.append(f"| {load} | {len(rows_)} | {sum(fast) / len(fast):.0f} s | {sum(tight) / len(tight):.0f} s | "
+                   f"{sum(tight) / sum(fast):.2f}x | " + " | ".join(cells) + f" | {best / bound:.2f}x |")
+    return out
+
+
 def _load_of(label: str) -> str | None:
     """The load of a Pollux workload label of ``benchmarks/policy_quality.py`` (``workload-3`` -> ``1.0``,
     ``workload-3@1.5`` -> ``1.5``); None for another workload."""

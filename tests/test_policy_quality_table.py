@@ -76,3 +76,22 @@ def test_regenerating_results_keeps_the_tight_bound_section():
     assert out.index("table T") < out.index("## JCT CDFs") < out.index("new plots")
     assert "| b |" in out and "| a |" not in out and "old plots" not in out
     assert keep_tight_bound("# nothing kept\n", new) == new
+
+
+def test_the_tight_bound_per_load_table_takes_the_larger_bound_of_each_load():
+    from ones_pipeline.reporting import tight_bound_per_load
+
+    rows = ["| workload-1 | 100 s | 120 s | - | - | - | - | 300 s | 330 s | 240 s |",
+            "| workload-2 | 200 s | 150 s | - | - | - | - | 400 s | 420 s | - |",
+            "| workload-1@0.5 | 50 s | 60 s | - | - | - | - | 90 s | 100 s | 80 s |",
+            "| something else | 1 s | 1 s |"]
+    lines = tight_bound_per_load(rows, ["pollux", "ones"])
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[5:] == ["published Pollux", "pollux", "ones", "best schedule / bound"]
+    one = dict(zip(header, [c.strip() for c in lines[2].strip("|").split("|")], strict=True))
+    bound = (120 + 200) / 2  # per workload the larger of the fast and the tight bound
+    assert one["load"] == "1.0" and one["workloads"] == "2" and one["fast bound"] == "150 s"
+    assert one["published Pollux"] == f"{(300 + 400) / 2 / bound:.2f}x" and one["ones"] == "-"  # one missing
+    assert one["best schedule / bound"] == f"{(240 + 400) / 2 / bound:.2f}x"
+    half = dict(zip(header, [c.strip() for c in lines[3].strip("|").split("|")], strict=True))
+    assert half["load"] == "0.5" and half["ones"] == f"{80 / 60:.2f}x" and len(lines) == 4
