@@ -37,7 +37,7 @@ from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
-from ones_pipeline.scheduler.holds import batch_change, hold_young_runs
+from ones_pipeline.scheduler.holds import Slots, hold_young_runs, stopped, young_runs
 from ones_pipeline.scheduler.runs import RunInfo
 from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
@@ -326,8 +326,9 @@ class LiveViews:
         if not self.noise:
             jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
         new = self.policy.decide(now_s, cluster, jobs, current)
-        young = [j for j, t in self._started.items() if now_s - t < self.min_run_s and _stops(j, current, new)]
-        out = hold_young_runs(new, current, dict.fromkeys(young)) if young else new
+        slots = Slots("subprocess", "cpu", tuple(range(cluster.num_gpus)))  # live_ab.py's launcher and slots
+        young = young_runs(now_s, self.min_run_s, self._started, stopped(current, new, slots))
+        out = hold_young_runs(new, current, young) if young else new
         self._started.update({j: now_s for j in out.allocations if j not in current.allocations})
         return out
 
@@ -336,13 +337,6 @@ class LiveViews:
 
     def load_state(self, state) -> None:
         self.policy.load_state(state)
-
-
-def _stops(job: str, current: Schedule, new: Schedule) -> bool:
-    """Whether ``new`` stops ``job``'s run (a preemption, or a batch change it does not tune itself): what the live
-    tick holds a young run against; every other change of a live run on CPU slots is made in place."""
-    after = new.allocations.get(job)
-    return after is None or batch_change(current.allocations.get(job), after)
 
 
 def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],

@@ -1,16 +1,16 @@
-"""Which running jobs a tick keeps as they are, whatever the policy decided (``young_runs``), and keeping them
-(``hold_young_runs``): a run whose in-place change is still being made, and a run younger than
-``scheduler.min_run_s`` against any change that would stop it (its start-up would be lost; a change made in
-place loses none of it). After an in-place change the policy's own hold applies. The live replay
+"""Which running jobs a tick keeps as they are, whatever the policy decided (``young_runs``, with ``stopped``:
+the changes that stop a run), and keeping them (``hold_young_runs``): a run whose in-place change is still
+being made, and a run younger than ``scheduler.min_run_s`` against any change that would stop it (its
+start-up would be lost; a change made in place loses none of it). After an in-place change the policy's own hold applies. The live replay
 (``adapters.live_ab.LiveViews``) holds as the tick does."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from ones_pipeline.core.types import Allocation, Schedule
 from ones_pipeline.scheduler.in_place import not_in_place
-from ones_pipeline.scheduler.runs import RunInfo
 
 
 def batch_change(before: Allocation | None, after: Allocation | None) -> bool:
@@ -20,23 +20,42 @@ def batch_change(before: Allocation | None, after: Allocation | None) -> bool:
             and not after.batch_tuned_by_job)
 
 
-def young_runs(now: float, min_run_s: float, runs: Mapping[str, RunInfo], current: Schedule, new: Schedule,
-               changing: Mapping[str, object], spec_changed: set[str], slot_ids: Sequence[int], device: str,
-               launcher: str) -> dict[str, str]:
-    """Job -> why its run is held (the words of its idle reason): ``changing``, runs (by id) with an in-place
-    change not made yet; ``spec_changed``, jobs whose spec file changed (restarted, never changed in place)."""
+@dataclass(frozen=True)
+class Slots:
+    """Where the runs are made: the launcher kind (``in_place.LAUNCHERS``), the slots' device ("cpu" or "gpu")
+    and their ids in cluster order."""
+
+    launcher: str
+    device: str
+    ids: tuple[int, ...]
+
+
+def stopped(current: Schedule, new: Schedule, where: Slots, status: Mapping[str, str] | None = None,
+            spec_changed: Collection[str] = ()) -> set[str]:
+    """The jobs running in ``current`` whose allocation in ``new`` stops their run: a preemption, a changed spec
+    file (restarted, never changed in place), a batch change the job does not tune itself, or a slot change the
+    launcher cannot make in place. ``status``: each job's run status (``STARTED`` where absent)."""
+    out = set()
+    for job, before in current.allocations.items():
+        after = new.allocations.get(job)
+        moved = after is not None and tuple(before.gpus) != tuple(after.gpus)
+        if after is None or job in spec_changed or batch_change(before, after) or (moved and not_in_place(
+                where.launcher, where.device, tuple(where.ids[i] for i in before.gpus),
+                tuple(where.ids[i] for i in after.gpus), (status or {}).get(job, "STARTED")) is not None):
+            out.add(job)
+    return out
+
+
+def young_runs(now: float, min_run_s: float, started: Mapping[str, float], stopping: Collection[str],
+               changing: Collection[str] = ()) -> dict[str, str]:
+    """Job -> why its run is held (the words of its idle reason), of the jobs whose runs ``started`` (job -> when):
+    those ``changing`` (an in-place change not made yet), and those younger than ``min_run_s`` that the new
+    allocation would stop (``stopping``: ``stopped``)."""
     out = {}
-    for job, run in runs.items():
-        before, after = current.allocations.get(job), new.allocations.get(job)
-        if before is None:
-            continue
-        if run.run_id in changing:
+    for job, since in started.items():
+        if job in changing:
             out[job] = "its in-place change is being made"
-            continue
-        stops = after is None or job in spec_changed or batch_change(before, after) or not_in_place(
-            launcher, device, tuple(slot_ids[i] for i in before.gpus), tuple(slot_ids[i] for i in after.gpus),
-            run.status) is not None
-        if stops and now - run.created_s < min_run_s:
+        elif job in stopping and now - since < min_run_s:
             out[job] = f"its run started less than {min_run_s:.0f} s ago (min_run_s)"
     return out
 

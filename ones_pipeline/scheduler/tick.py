@@ -45,7 +45,7 @@ from ones_pipeline.core.types import (
 )
 from ones_pipeline.scheduler import change_costs
 from ones_pipeline.scheduler.allocation import RunAllocation
-from ones_pipeline.scheduler.holds import batch_change, hold_young_runs, young_runs
+from ones_pipeline.scheduler.holds import Slots, batch_change, hold_young_runs, stopped, young_runs
 from ones_pipeline.scheduler.in_place import CHECKPOINT, IN_PLACE, not_in_place, rank_order, resizes_in_place
 from ones_pipeline.scheduler.rationale import describe_change, explain, idle_reasons, waiting_reasons
 from ones_pipeline.scheduler.runs import (
@@ -157,8 +157,11 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
         change_costs.remember(state.change_costs, change_costs.measure(job, events, current.by_job.get(job, [])))
     views, spec_changed = job_views(inputs, settings, current, state, plan)
     in_force, new, policy = decide(inputs, settings, current, views, spec_changed, plan)
-    young = young_runs(inputs.now, settings.min_hold_s, current.runs, in_force, new, state.resizing, spec_changed,
-                       inputs.slot_ids, inputs.device, settings.launcher)  # job -> why it is held
+    runs = {job: run for job, run in current.runs.items() if job in in_force.allocations}
+    stopping = stopped(in_force, new, Slots(settings.launcher, inputs.device, inputs.slot_ids),
+                       {job: run.status for job, run in runs.items()}, spec_changed)
+    young = young_runs(inputs.now, settings.min_hold_s, {job: run.created_s for job, run in runs.items()}, stopping,
+                       {job for job, run in runs.items() if run.run_id in state.resizing})  # job -> why it is held
     new = hold_young_runs(new, in_force, young)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
