@@ -33,7 +33,7 @@ from ones_pipeline.train import records
 
 PRIOR: Mapping[str, float] = {k: float(getattr(PRESETS["live"], k)) for k in KINDS}
 # An in-place change's delay before anything is measured: the median over this round's live runs on 2 CPU slots
-# (``benchmarks/restart_cost.py``, docs/live.md "What a restart costs").
+# (``benchmarks/decision_delays.py``, docs/live.md "What a restart costs").
 LAG_PRIOR_S = 5.0
 KEPT = 20  # measurements kept per kind, newest by event time
 EVENTS = ("training", "stopped", "resized")  # the events a measurement is made of

@@ -26,7 +26,7 @@ Presets (``PRESETS``):
 * ``pollux``: every change (start, resize, move, resume) the job type's own restart cost, in place for no
   policy: the Pollux authors' simulator (30 s per reallocation), which ``docs/results.md``'s comparison with
   the published Pollux keeps.
-* ``live``: all four as measured here on 2 CPU slots through Dagster (``benchmarks/restart_cost.py`` on the
+* ``live``: all four as measured here on 2 CPU slots through Dagster (``benchmarks/decision_delays.py`` on the
   kept projects of a three-seed ``benchmarks/live_ab.py`` round, commit bd5078e, docs/live.md "What a restart
   costs"): ``start`` 11.7 s (median of 54 first starts, from the tick's decision to the first step: queueing,
   run worker, launcher, ranks), ``grow`` 0.05 s and ``shrink`` 0.04 s (in place, ``benchmarks/resize_cost.py``)

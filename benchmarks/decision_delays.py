@@ -6,7 +6,7 @@ written, the slots free). The figures of docs/live.md, "What a restart costs", c
 ``tests/test_e2e.py`` (``pytest tests/test_e2e.py --basetemp /tmp/e2e``, then this script on
 ``/tmp/e2e/test_three_jobs_on_two_slots_t0/.ones/state``) or of ``scripts/demo.sh`` (``.ones/demo/.ones/state``).
 
-    python benchmarks/restart_cost.py STATE_DIR [STATE_DIR ...]
+    python benchmarks/decision_delays.py STATE_DIR [STATE_DIR ...]
 """
 
 from __future__ import annotations
