@@ -78,7 +78,7 @@ def test_nothing_measured_costs_the_live_prior_and_old_figures_make_room_for_new
 
 def test_a_slot_left_idle_beside_a_job_that_could_use_it_says_why():
     """fifo keeps 'long' on the 1 slot it requested while the other stays idle: the plan says why (the
-    estimate on both slots, the grow included); a run held young says that instead."""
+    estimate on both slots, the grow included); a run the tick holds young says that instead."""
     runs = [run("long", 0, [0], created=900.0)]
     timed = {"long": ProgressInfo(samples_done=3200.0, throughput_obs=(ThroughputObs(1, 1, 32, 0.02, 0.0),))}
     untimed = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)])
@@ -87,8 +87,14 @@ def test_a_slot_left_idle_beside_a_job_that_could_use_it_says_why():
     assert set(p.idle) == {"long"}
     assert p.idle["long"].startswith("1 slot(s) idle beside it: predicted to finish in ") and "on 2 incl. the grow" \
         in p.idle["long"]
-    held = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)], min_hold_s=300.0)
+    # ones grows it; under Slurm the grow would restart a young run, so the tick holds it and says so; where
+    # the grow is made in place nothing holds it (fifo above wants no grow: held or not, its reason is fifo's)
+    held = plan(runs, {}, launcher="slurm", specs=[spec("long", 2000)], progress=timed, min_hold_s=300.0)
     assert held.idle["long"] == "1 slot(s) idle beside it: its run started less than 300 s ago (min_run_s)"
+    grown = plan(runs, {}, specs=[spec("long", 2000)], progress=timed, min_hold_s=300.0)
+    assert grown.idle == {} and [(r.job, r.after) for r in grown.resizes] == [("long", (0, 1))]
+    young_fifo = plan(runs, {}, policy="fifo", specs=[spec("long", 2000)], progress=timed, min_hold_s=300.0)
+    assert young_fifo.idle == p.idle
     full = plan([run("long", 0, [0, 1], created=900.0)], {}, policy="fifo", specs=[spec("long", 2000)])
     assert full.idle == {}
 

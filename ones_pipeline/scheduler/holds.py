@@ -1,8 +1,8 @@
 """Which running jobs a tick keeps as they are, whatever the policy decided (``young_runs``, with ``stopped``:
 the changes that stop a run), and keeping them (``hold_young_runs``): a run whose in-place change is still
 being made, and a run younger than ``scheduler.min_run_s`` against any change that would stop it (its
-start-up would be lost; a change made in place loses none of it). After an in-place change the policy's own hold applies. The live replay
-(``adapters.live_ab.LiveViews``) holds as the tick does."""
+start-up would be lost; a change made in place loses none of it). After an in-place change the policy's own
+hold applies. The live replay (``adapters.live_ab.LiveViews``) holds as the tick does."""
 
 from __future__ import annotations
 
