@@ -23,9 +23,9 @@ one. Rounds are 60 s. ``--quick``: one workload per cell and seed 0 (a smoke run
                                  [--results RUNS.jsonl]
 
 ``--results RUNS.jsonl``: each simulation's mean JCT is appended there as it finishes (one JSON line: cell
-instance, policy, seed, mean JCT, wall seconds, the commit), and a rerun with the same file simulates only what
-is missing, so a grid of hours survives an interrupted run. Lines of another commit are not used (the script
-says how many it ignored); uncommitted changes are not seen, so start a new file after changing the code.
+instance, policy, seed, mean JCT, wall seconds, a digest of the code it ran: ``code``), and a rerun with the
+same file simulates only what is missing, so a grid of hours survives an interrupted run and one policy's
+change re-runs that policy only. Lines of other code are not used (the script says how many it ignored).
 
 ``--json OUT`` writes ``{"cells": {cell: {policy: mean_jct_s, "bound": s}}, "worst_ratio": x,
 "geo_vs_pollux": y}``: ``worst_ratio`` the largest over cells of ``ones`` / the best other policy,
@@ -36,10 +36,10 @@ and at most 0.90.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ones_pipeline.bench_workloads import code_digest
 from ones_pipeline.config import traces_dir_from_environment
 from ones_pipeline.core.policies import make_policy
 from ones_pipeline.core.types import Cluster
@@ -110,17 +111,15 @@ def _run(args) -> tuple[str, str, int, float, float]:
     return label, policy, seed, float(np.mean([j.jct_s for j in result.jobs])), time.perf_counter() - t0
 
 
-def commit() -> str:
-    """The repository's commit (``--results`` lines of another are not reused), or "unknown" outside git."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    except OSError:
-        return "unknown"
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+def code(policy: str) -> str:
+    """What a ``--results`` line of ``policy`` is valid for: ``bench_workloads.code_digest`` (the simulator, the
+    core and the policy's own modules) and this script (its cells); a line of other code is simulated again."""
+    return f"{code_digest(policy)}-{hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:8]}"
 
 
-def _earlier(results: Path | None, code: str) -> dict[tuple[str, str, int], float]:
-    """``{(instance, policy, seed): mean JCT}`` of the ``--results`` lines of commit ``code``."""
+def _earlier(results: Path | None, codes: dict[str, str]) -> dict[tuple[str, str, int], float]:
+    """``{(instance, policy, seed): mean JCT}`` of the ``--results`` lines made by the code of now (``codes``:
+    policy -> ``code``)."""
     if results is None or not results.is_file():
         return {}
     found, other = {}, 0
@@ -133,23 +132,23 @@ def _earlier(results: Path | None, code: str) -> dict[tuple[str, str, int], floa
         except (ValueError, KeyError, TypeError) as exc:  # a line cut short by a crash: simulated again
             print(f"regimes: {results}:{n}: ignored ({exc.__class__.__name__}: {exc})", file=sys.stderr)
             continue
-        if row.get("commit") != code:
+        if row.get("code") != codes.get(key[1]):
             other += 1
             continue
         found[key] = mean
     if other:
-        print(f"regimes: {results}: {other} line(s) of another commit ignored (this one: {code})", file=sys.stderr)
+        print(f"regimes: {results}: {other} line(s) of other code ignored", file=sys.stderr)
     return found
 
 
 def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies: list[str],
              processes: int, results: Path | None = None) -> dict[str, dict[str, float]]:
     """``{cell: {policy: mean JCT over its instances and seeds, "bound": mean of the instances' bounds}}``;
-    with ``results`` (JSON lines), the simulations found there for this commit are not run again and each new
+    with ``results`` (JSON lines), the simulations found there for this code are not run again and each new
     one is appended as it finishes."""
-    code = commit()
+    codes = {p: code(p) for p in policies}
     means: dict[tuple[str, str], list[float]] = {}
-    earlier = _earlier(results, code)
+    earlier = _earlier(results, codes)
     tasks, bounds, members = [], {}, {}
     for cell in cells:
         found = instances(cell, workloads)
@@ -178,7 +177,7 @@ def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies:
             if results is not None:
                 with results.open("a") as f:
                     f.write(json.dumps({"instance": label, "policy": policy, "seed": seed, "mean_jct_s": mean,
-                                        "wall_s": round(wall, 1), "commit": code}) + "\n")
+                                        "wall_s": round(wall, 1), "code": codes[policy]}) + "\n")
             print(f"[{time.perf_counter() - started:6.0f} s] {k}/{len(tasks)} {label} {policy} seed {seed}: "
                   f"{mean:.0f} s ({wall:.0f} s wall)", file=sys.stderr, flush=True)
     return {cell: {**{p: float(np.mean([np.mean(means[(label, p)]) for label in labels])) for p in policies},

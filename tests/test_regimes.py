@@ -49,15 +49,15 @@ def test_a_rerun_with_the_results_file_simulates_only_what_is_missing(tmp_path):
     rows = [json.loads(line) for line in runs.read_text().splitlines()]
     assert sorted(r["policy"] for r in rows) == ["fifo", "tiresias"] and all(r["seed"] == 0 for r in rows)
     before = json.loads(out.read_text())["cells"]["small-4"]
-    # another commit's line and a line cut short by a crash are not used
+    # a line of other code and a line cut short by a crash are not used
     with runs.open("a") as f:
-        f.write(json.dumps({**rows[0], "policy": "ones", "mean_jct_s": 1.0, "commit": "elsewhere"}) + "\n")
+        f.write(json.dumps({**rows[0], "policy": "ones", "mean_jct_s": 1.0, "code": "elsewhere"}) + "\n")
         f.write('{"instance": "small-4/w2", "pol')
     again = _run("--cells", "small-4", "--workloads", "2", "--seeds", "0", "--policies", "fifo,tiresias,ones",
                  "--processes", "1", "--results", str(runs), "--json", str(out), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "2 simulation(s) read from" in again.stderr and "1 to run" in again.stderr
-    assert "1 line(s) of another commit ignored" in again.stderr and "runs.jsonl:4: ignored" in again.stderr
+    assert "1 line(s) of other code ignored" in again.stderr and "runs.jsonl:4: ignored" in again.stderr
     after = json.loads(out.read_text())["cells"]["small-4"]
     assert after["fifo"] == before["fifo"] and after["tiresias"] == before["tiresias"]
     assert after["ones"] > after["bound"] and after["ones"] != 1.0
