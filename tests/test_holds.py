@@ -1,9 +1,12 @@
-"""``scheduler.holds``: which changes stop a run, and which young runs the tick keeps as they are."""
+"""``scheduler.holds``: which changes stop a run, which runs the tick keeps as they are (young ones, ending ones),
+and no run stopped to leave its slots idle."""
 
 from __future__ import annotations
 
-from ones_pipeline.core.types import Allocation, Schedule
-from ones_pipeline.scheduler.holds import Slots, hold_young_runs, stopped, young_runs
+from ones_pipeline.core.types import Allocation, Cluster, JobSpec, Schedule, StopKind, StoppingRule, ThroughputObs
+from ones_pipeline.scheduler import Launch, RunAllocation, RunInfo, SchedulerSettings, TickInputs, plan_tick
+from ones_pipeline.scheduler.holds import Slots, hold_young_runs, keep_stopped_for_nothing, stopped, young_runs
+from ones_pipeline.scheduler.runs import ProgressInfo
 
 
 def _alloc(job: str, gpus: tuple[int, ...], batch: int = 64, tuned: bool = True) -> Allocation:
@@ -42,3 +45,39 @@ def test_young_runs_are_held_only_against_what_stops_them_and_the_hold_keeps_the
     assert held.allocations["same"].global_batch == 128  # its own tuning moves its batch; nothing to hold
     assert "queued" not in held.allocations  # it needed the slot of the run kept
     assert held.gpus_of("grow") == (0, 4)  # not young against an in-place grow
+
+
+def test_a_job_is_not_stopped_to_leave_its_slots_idle():
+    current = Schedule({"long": _alloc("long", (0,)), "ending": _alloc("ending", (1,)), "gone": _alloc("gone", (2,))})
+    # the policy stopped 'long' to grow 'ending', which a hold kept as it is; 'gone' (no longer a job the policy
+    # sees: its spec was removed) stays stopped, and so does a job whose slot another job takes
+    held = Schedule({"ending": _alloc("ending", (1,))})
+    kept = keep_stopped_for_nothing(held, current, {"long", "ending"})
+    assert kept.gpus_of("long") == (0,) and "gone" not in kept.allocations
+    taken = Schedule({"ending": _alloc("ending", (1,)), "queued": _alloc("queued", (0,))})
+    assert keep_stopped_for_nothing(taken, current, {"long", "ending"}) == taken
+
+
+def _spec(name: str, epochs: float) -> JobSpec:
+    return JobSpec(name=name, model="mlp-digits", dataset_size=1437, per_gpu_batch=32, base_lr=0.05, max_lr=0.2,
+                   max_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
+
+
+def test_a_run_that_has_trained_its_whole_budget_keeps_its_slots_until_it_ends():
+    """tiresias shrinks 'done' (on both slots) for 'queued'; 'done' has trained its 5 epochs and its run is ending,
+    so the tick leaves it as it is, and 'queued' waits instead of being launched onto the slot 'done' holds."""
+    launch = Launch(RunAllocation.make(_spec("done", 5), [0, 1], "cpu", 64, 0), "test")
+    runs = [RunInfo.from_run("done-0", "STARTED", launch.tags(), launch.run_config(), created_s=900.0, start_s=901.0)]
+    obs = (ThroughputObs(1, 1, 32, 0.02, 0.0), ThroughputObs(2, 1, 64, 0.02, 0.0))
+
+    def tick(epochs_done: float):
+        inputs = TickInputs(now=1000.0, specs={"done": _spec("done", 5), "queued": _spec("queued", 3)},
+                            finished=frozenset(), runs=runs, slot_ids=(0, 1), cluster=Cluster((2,)), cursor={},
+                            progress={"done": ProgressInfo(samples_done=1437 * epochs_done, throughput_obs=obs)})
+        return plan_tick(inputs, SchedulerSettings(policy="tiresias"))
+
+    training = tick(4.0)  # still training: shrunk in place for the queued job
+    assert [(d.job, d.after) for d in training.decisions] == [("done", (0,)), ("queued", (1,))]
+    ending = tick(5.0)
+    assert ending.decisions == [] and ending.launches == [] and ending.resizes == []
+    assert ending.waiting["queued"].startswith("waiting: no free slots; held by done")

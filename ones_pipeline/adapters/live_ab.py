@@ -37,7 +37,7 @@ from ones_pipeline import reporting
 from ones_pipeline.adapters.live_report import FinishedJob, RunSpan, job_metrics
 from ones_pipeline.core.policies import POLICIES, make_policy
 from ones_pipeline.core.types import Cluster, JobSpec, JobView, Schedule, ThroughputObs
-from ones_pipeline.scheduler.holds import Slots, hold_young_runs, stopped, young_runs
+from ones_pipeline.scheduler.holds import Slots, hold_young_runs, keep_stopped_for_nothing, stopped, young_runs
 from ones_pipeline.scheduler.runs import RunInfo
 from ones_pipeline.sim.change_costs import PRESETS, ChangeCosts
 from ones_pipeline.sim.engine import SimConfig, SimResult, simulate
@@ -290,7 +290,8 @@ class LiveViews:
     noise scale each job measured when the replay has them (``noise``: the sensor reads it from MLflow), else
     without one. And with ``min_run_s`` (the live default ``SchedulerConfig.min_run_s``, 30 s), as the tick
     does (``scheduler.holds``), a job whose run started less than that long ago is not stopped
-    (a change in place is made), and neither is any job whose new allocation needs its slots. With ``ticks_s``
+    (a change in place is made), and neither is any job whose new allocation needs its slots, nor one stopped
+    for nothing then (``holds.keep_stopped_for_nothing``). With ``ticks_s``
     (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
     decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
     rounds nothing changes."""
@@ -328,7 +329,7 @@ class LiveViews:
         new = self.policy.decide(now_s, cluster, jobs, current)
         slots = Slots("subprocess", "cpu", tuple(range(cluster.num_gpus)))  # live_ab.py's launcher and slots
         young = young_runs(now_s, self.min_run_s, self._started, stopped(current, new, slots))
-        out = hold_young_runs(new, current, young) if young else new
+        out = keep_stopped_for_nothing(hold_young_runs(new, current, young), current, {j.name for j in jobs})
         self._started.update({j: now_s for j in out.allocations if j not in current.allocations})
         return out
 

@@ -1,5 +1,6 @@
 """Which running jobs a tick keeps as they are, whatever the policy decided (``young_runs``, with ``stopped``:
-the changes that stop a run), and keeping them (``hold_young_runs``): a run whose in-place change is still
+the changes that stop a run), keeping them (``hold_young_runs``) and the runs stopped for nothing then
+(``keep_stopped_for_nothing``): a run whose in-place change is still
 being made, and a run younger than ``scheduler.min_run_s`` against any change that would stop it (its
 start-up would be lost; a change made in place loses none of it). After an in-place change the policy's own
 hold applies. The live replay (``adapters.live_ab.LiveViews``) holds as the tick does."""
@@ -74,3 +75,15 @@ def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, object
     allocations = {j: a for j, a in new.allocations.items() if j not in held}
     allocations.update({j: current.allocations[j] for j in held if j in current.allocations})
     return Schedule(allocations)
+
+
+def keep_stopped_for_nothing(new: Schedule, current: Schedule, jobs: Collection[str]) -> Schedule:
+    """``new`` where each of ``jobs`` it stops (running in ``current``, absent from ``new``) whose slots no job
+    takes keeps running as it is: a run is never stopped to leave its slots idle. The policy stops a job for
+    another, and a hold may keep that other as it is (a young run, one whose training is ending): live, a
+    resnet18 job was stopped through its checkpoint for a cnn job that had just trained its last step, and its
+    slot stood idle."""
+    used = {g for a in new.allocations.values() for g in a.gpus}
+    keep = {j: current.allocations[j] for j in jobs if j in current.allocations and j not in new.allocations
+            and not used.intersection(current.allocations[j].gpus)}
+    return Schedule({**new.allocations, **keep}) if keep else new
