@@ -49,13 +49,16 @@ def test_young_runs_are_held_only_against_what_stops_them_and_the_hold_keeps_the
 
 def test_a_job_is_not_stopped_to_leave_its_slots_idle():
     current = Schedule({"long": _alloc("long", (0,)), "ending": _alloc("ending", (1,)), "gone": _alloc("gone", (2,))})
-    # the policy stopped 'long' to grow 'ending', which a hold kept as it is; 'gone' (no longer a job the policy
-    # sees: its spec was removed) stays stopped, and so does a job whose slot another job takes
-    held = Schedule({"ending": _alloc("ending", (1,))})
-    kept = keep_stopped_for_nothing(held, current, {"long", "ending"})
+    # the policy stopped 'long' to grow 'ending', a run that has trained its budget (the tick drops its change);
+    # 'gone' (no longer a job the policy sees: its spec was removed) stays stopped
+    grown = Schedule({"ending": _alloc("ending", (0, 1))})
+    kept = keep_stopped_for_nothing(grown, current, {"long", "ending"}, ending={"ending"})
     assert kept.gpus_of("long") == (0,) and "gone" not in kept.allocations
+    assert keep_stopped_for_nothing(grown, current, {"long", "ending"}) == grown  # a grow that is made: not idle
+    held = Schedule({"ending": _alloc("ending", (1,))})  # ... or one a hold kept as it is
+    assert keep_stopped_for_nothing(held, current, {"long", "ending"}).gpus_of("long") == (0,)
     taken = Schedule({"ending": _alloc("ending", (1,)), "queued": _alloc("queued", (0,))})
-    assert keep_stopped_for_nothing(taken, current, {"long", "ending"}) == taken
+    assert keep_stopped_for_nothing(taken, current, {"long", "ending"}, ending={"ending"}) == taken
 
 
 def _spec(name: str, epochs: float) -> JobSpec:
@@ -63,9 +66,10 @@ def _spec(name: str, epochs: float) -> JobSpec:
                    max_gpus=2, stopping=StoppingRule(StopKind.EPOCHS, epochs=epochs))
 
 
-def test_a_run_that_has_trained_its_whole_budget_keeps_its_slots_until_it_ends():
-    """tiresias shrinks 'done' (on both slots) for 'queued'; 'done' has trained its 5 epochs and its run is ending,
-    so the tick leaves it as it is, and 'queued' waits instead of being launched onto the slot 'done' holds."""
+def test_a_run_that_has_trained_its_whole_budget_is_left_to_end_and_its_slots_wait_for_the_next():
+    """tiresias shrinks 'done' (on both slots) for 'queued'. While 'done' trains, in place; once it has trained its
+    5 epochs its run is ending: the tick leaves it as it is and launches 'queued' onto the slot it still holds
+    (Dagster's queue starts the run once the slot is free), so the start-up overlaps the end."""
     launch = Launch(RunAllocation.make(_spec("done", 5), [0, 1], "cpu", 64, 0), "test")
     runs = [RunInfo.from_run("done-0", "STARTED", launch.tags(), launch.run_config(), created_s=900.0, start_s=901.0)]
     obs = (ThroughputObs(1, 1, 32, 0.02, 0.0), ThroughputObs(2, 1, 64, 0.02, 0.0))
@@ -76,8 +80,9 @@ def test_a_run_that_has_trained_its_whole_budget_keeps_its_slots_until_it_ends()
                             progress={"done": ProgressInfo(samples_done=1437 * epochs_done, throughput_obs=obs)})
         return plan_tick(inputs, SchedulerSettings(policy="tiresias"))
 
-    training = tick(4.0)  # still training: shrunk in place for the queued job
+    training = tick(4.0)
     assert [(d.job, d.after) for d in training.decisions] == [("done", (0,)), ("queued", (1,))]
+    assert [r.job for r in training.resizes] == ["done"]
     ending = tick(5.0)
-    assert ending.decisions == [] and ending.launches == [] and ending.resizes == []
-    assert ending.waiting["queued"].startswith("waiting: no free slots; held by done")
+    assert [(d.job, d.after) for d in ending.decisions] == [("queued", (1,))] and ending.resizes == []
+    assert [la.allocation.slot_ids for la in ending.launches] == [(1,)] and ending.cancels == []

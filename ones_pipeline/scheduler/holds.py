@@ -77,13 +77,15 @@ def hold_young_runs(new: Schedule, current: Schedule, young: Mapping[str, object
     return Schedule(allocations)
 
 
-def keep_stopped_for_nothing(new: Schedule, current: Schedule, jobs: Collection[str]) -> Schedule:
+def keep_stopped_for_nothing(new: Schedule, current: Schedule, jobs: Collection[str],
+                             ending: Collection[str] = ()) -> Schedule:
     """``new`` where each of ``jobs`` it stops (running in ``current``, absent from ``new``) whose slots no job
     takes keeps running as it is: a run is never stopped to leave its slots idle. The policy stops a job for
-    another, and a hold may keep that other as it is (a young run, one whose training is ending): live, a
-    resnet18 job was stopped through its checkpoint for a cnn job that had just trained its last step, and its
-    slot stood idle."""
-    used = {g for a in new.allocations.values() for g in a.gpus}
+    another, and a hold may keep that other as it is; so does the tick for a run that has trained its whole
+    budget (``ending``: its change is dropped, it uses its current slots). Live, a resnet18 job was stopped through
+    its checkpoint for a cnn job that had just trained its last step, and its slot stood idle. A job may still be
+    given an ending run's slots: its run, or its in-place grow, waits for them (``defs.slot_owner``)."""
+    used = {g for j, a in new.allocations.items() for g in (current.gpus_of(j) if j in ending else a.gpus)}
     keep = {j: current.allocations[j] for j in jobs if j in current.allocations and j not in new.allocations
             and not used.intersection(current.allocations[j].gpus)}
     return Schedule({**new.allocations, **keep}) if keep else new

@@ -72,7 +72,6 @@ from ones_pipeline.scheduler.settings import SchedulerSettings
 INFRA_RETRY_FACTOR = 10  # run-worker deaths a job survives, per retry of its own
 CANCEL_PENDING_S = 120.0  # a run cancelled this recently is not cancelled (nor its change decided) again
 QUARANTINED = "spec quarantined (the scheduler cannot use it)"
-ENDING = "it has trained its whole budget and its run is ending"  # a run the tick holds as it is (done_training)
 CURSOR_VERSION = 2  # 2: the policy state is a file named by ``policy_ref``, no longer in the cursor
 
 
@@ -170,9 +169,9 @@ def plan_tick(inputs: TickInputs, settings: SchedulerSettings | None = None) -> 
                        {job: run.status for job, run in runs.items()}, spec_changed)
     young = young_runs(inputs.now, settings.min_hold_s, {job: run.created_s for job, run in runs.items()}, stopping,
                        {job for job, run in runs.items() if run.run_id in state.resizing})  # job -> why it is held
-    young.update({job: ENDING for job in runs if job not in spec_changed and done_training(inputs, job)})
+    ending = {job for job in runs if job not in spec_changed and done_training(inputs, job)}  # left to end
     new = keep_stopped_for_nothing(hold_young_runs(new, in_force, young), in_force,
-                                   {v.name for v in views} - spec_changed)
+                                   {v.name for v in views} - spec_changed, ending)
     diff_into_cancels_and_starts(inputs, settings, current, new, {v.name for v in views}, spec_changed, state, plan,
                                  views)
     plan.waiting = waiting_reasons(new, [v.name for v in views], inputs.slot_ids, inputs.device)
