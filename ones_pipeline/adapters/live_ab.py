@@ -294,10 +294,13 @@ class LiveViews:
     for nothing then (``holds.keep_stopped_for_nothing``). With ``ticks_s``
     (the live sensor's tick times, s after its first; the daemon ticks every 5 or 10 s, not every 5), the policy
     decides at the round nearest each, in rounds of 1 s (after the last, every mean interval); at the other
-    rounds nothing changes."""
+    rounds nothing changes. With ``epoch_end`` (job -> its (samples, ``epoch_end_s``) MLflow points), each job
+    carries the time of its evaluation points it had logged by then, as the sensor reads it (0 before one)."""
 
-    def __init__(self, policy, noise: bool = False, min_run_s: float = 0.0, ticks_s: Sequence[float] = ()) -> None:
+    def __init__(self, policy, noise: bool = False, min_run_s: float = 0.0, ticks_s: Sequence[float] = (),
+                 epoch_end: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> None:
         self.policy = policy
+        self.epoch_end = {job: sorted(rows) for job, rows in (epoch_end or {}).items() if rows}
         self.name = policy.name
         self.noise = noise
         self.min_run_s = float(min_run_s)
@@ -326,6 +329,8 @@ class LiveViews:
             return Schedule(dict(current.allocations))
         if not self.noise:
             jobs = [replace(j, grad_noise_scale=None, model_gns=None) for j in jobs]
+        if self.epoch_end:
+            jobs = [replace(j, epoch_end_s=_logged_by(self.epoch_end.get(j.name, ()), j.samples_done)) for j in jobs]
         new = self.policy.decide(now_s, cluster, jobs, current)
         slots = Slots("subprocess", "cpu", tuple(range(cluster.num_gpus)))  # live_ab.py's launcher and slots
         young = young_runs(now_s, self.min_run_s, self._started, stopped(current, new, slots))
@@ -338,6 +343,12 @@ class LiveViews:
 
     def load_state(self, state) -> None:
         self.policy.load_state(state)
+
+
+def _logged_by(points: Sequence[tuple[float, float]], samples: float) -> float:
+    """The value of the last of ``points`` (samples, value; sorted) logged at or before ``samples``; 0 if none."""
+    i = bisect.bisect_right([s for s, _ in points], samples) - 1
+    return float(points[i][1]) if i >= 0 else 0.0
 
 
 def sim_workload(specs: Sequence[JobSpec], offsets_s: Mapping[str, float], totals: Mapping[str, float],

@@ -83,9 +83,10 @@ def rates_as_ran(points: Mapping[str, Sequence[Point]], stretches: Mapping[str, 
     return out
 
 
-def mlflow_history(env: EnvConfig, job: str) -> tuple[list[Point], list[tuple[float, float]]]:
+def mlflow_history(env: EnvConfig, job: str) -> tuple[list[Point], list[tuple[float, float]],
+                                                     list[tuple[float, float]]]:
     """The job's MLflow run: its points (unix s, samples, samples_per_s at that point or None) in logging
-    order, and its (samples, gradient noise scale) points."""
+    order, its (samples, gradient noise scale) points and its (samples, ``epoch_end_s``) points."""
     from mlflow import MlflowClient
 
     from ones_pipeline.adapters.mlflow import RUN_ID_FILE
@@ -95,10 +96,12 @@ def mlflow_history(env: EnvConfig, job: str) -> tuple[list[Point], list[tuple[fl
     rate = {(m.timestamp, m.step): m.value for m in client.get_metric_history(run_id, "samples_per_s")}
     history = sorted(client.get_metric_history(run_id, "samples"), key=lambda m: (m.timestamp, m.step))
     samples = {(m.timestamp, m.step): float(m.value) for m in history}
-    noise = sorted((samples[(m.timestamp, m.step)], float(m.value))
-                   for m in client.get_metric_history(run_id, "grad_noise_scale")
-                   if (m.timestamp, m.step) in samples and np.isfinite(m.value) and m.value > 0)
-    return [(m.timestamp / 1000.0, float(m.value), rate.get((m.timestamp, m.step))) for m in history], noise
+    noise, epoch_end = (sorted((samples[(m.timestamp, m.step)], float(m.value))
+                               for m in client.get_metric_history(run_id, key)
+                               if (m.timestamp, m.step) in samples and np.isfinite(m.value) and m.value > 0)
+                        for key in ("grad_noise_scale", "epoch_end_s"))
+    return ([(m.timestamp / 1000.0, float(m.value), rate.get((m.timestamp, m.step))) for m in history], noise,
+            epoch_end)
 
 
 def thinned(rows: Sequence, most: int = NOISE_KEPT) -> list:
@@ -109,10 +112,16 @@ def thinned(rows: Sequence, most: int = NOISE_KEPT) -> list:
 
 
 def as_ran_json(rates: Mapping[str, Mapping[tuple[int, int], float]],
-                noise: Mapping[str, Sequence[tuple[float, float]]]) -> dict:
-    """The record's ``as_ran`` entry of one policy: rates keyed ``"<slots>+<others>"``, noise thinned."""
-    return {"rates": {job: {f"{n}+{o}": float(r) for (n, o), r in m.items()} for job, m in rates.items()},
-            "noise": {job: [[float(s), float(g)] for s, g in thinned(rows)] for job, rows in noise.items() if rows}}
+                noise: Mapping[str, Sequence[tuple[float, float]]],
+                epoch_end: Mapping[str, Sequence[tuple[float, float]]] | None = None) -> dict:
+    """The record's ``as_ran`` entry of one policy: rates keyed ``"<slots>+<others>"``, noise and the measured
+    evaluation points' time (``epoch_end_s``, where given) thinned."""
+    out = {"rates": {job: {f"{n}+{o}": float(r) for (n, o), r in m.items()} for job, m in rates.items()},
+           "noise": {job: [[float(s), float(g)] for s, g in thinned(rows)] for job, rows in noise.items() if rows}}
+    if epoch_end is not None:
+        out["epoch_end"] = {job: [[float(s), float(e)] for s, e in thinned(rows)]
+                            for job, rows in epoch_end.items() if rows}
+    return out
 
 
 def sensor_ticks(instance) -> list[float]:
@@ -139,7 +148,7 @@ def project_as_ran(env: EnvConfig, jobs: Sequence[str], now_s: float | None = No
     stretches = held_stretches(runs, ledgers, time.time() if now_s is None else now_s)
     rates = rates_as_ran({job: h[0] for job, h in history.items()}, stretches)
     launch = [r.created_s - ticks[i] for r in runs if (i := bisect.bisect_right(ticks, r.created_s) - 1) >= 0]
-    return {**as_ran_json(rates, {job: h[1] for job, h in history.items()}),
+    return {**as_ran_json(rates, {job: h[1] for job, h in history.items()}, {job: h[2] for job, h in history.items()}),
             "ticks_s": [round(t - ticks[0], 2) for t in ticks],
             "launch_s": round(float(np.mean(launch)), 3) if launch else 0.0}
 
@@ -165,11 +174,13 @@ def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Map
     for name in policies:
         ran, live = record.get("as_ran", {}).get(name), record.get("live", {}).get(name, {})
         rates = noise = None
+        epoch_end: dict[str, list[tuple[float, float]]] = {}
         at, cost, ticks, launch = offsets, start_s, (), 0.0
         if ran is not None:
             rates = {job: {tuple(int(x) for x in key.split("+")): float(r) for key, r in m.items()}
                      for job, m in ran["rates"].items()}
             noise = {job: [tuple(row) for row in rows] for job, rows in ran.get("noise", {}).items()}
+            epoch_end = {job: [tuple(row) for row in rows] for job, rows in ran.get("epoch_end", {}).items()}
             at = {job: float(live.get("submit_offset_s", {}).get(job, offsets[job])) for job in offsets}
             cost = float(live.get("to_progress_s", math.nan))
             cost = cost if math.isfinite(cost) else start_s
@@ -178,6 +189,6 @@ def replay(record: Mapping, policies: Sequence[str], seed: int, ones_params: Map
         policy = make_policy(name, seed=seed, **(dict(ones_params or {}) if name == "ones" else {}))
         config = SimConfig(interval_s=1.0 if ticks else interval_s, change_costs=LIVE_CHANGE_COSTS)
         hold = SchedulerConfig.min_run_s + launch if ran is not None else 0.0  # from the run's creation
-        views = LiveViews(policy, noise=bool(noise), min_run_s=hold, ticks_s=ticks)
+        views = LiveViews(policy, noise=bool(noise), min_run_s=hold, ticks_s=ticks, epoch_end=epoch_end)
         out[name] = sim_figures(simulate(workload, views, Cluster.uniform(1, slots), config))
     return out

@@ -389,6 +389,10 @@ class JobView:
     # measured them: "start", "grow" and "shrink" (in place), "restart" (through a checkpoint; where the
     # environment cannot resize in place, grow and shrink cost a restart). Empty: not known.
     change_costs: Mapping[str, float] = field(default_factory=dict, hash=False)
+    # Seconds each evaluation point (an epoch's end, the budget's end) takes outside the steps, as the job
+    # measured it (its evaluation, checkpoint): time no added GPU shortens (``estimates.evaluation_time``).
+    # 0: not measured (every simulated job).
+    epoch_end_s: float = 0.0
 
     @property
     def name(self) -> str:

@@ -59,7 +59,8 @@ def _progress(context, mlflow: MlflowResource, jobs) -> dict:
         return {}
     return {job: ProgressInfo(samples_done=p.samples_done, throughput_obs=p.throughput_obs,
                               loss_history=p.loss_history, accuracy_history=p.accuracy_history,
-                              restarts=p.restarts, grad_noise_scale=p.grad_noise_scale) for job, p in raw.items()}
+                              restarts=p.restarts, grad_noise_scale=p.grad_noise_scale,
+                              epoch_end_s=p.epoch_end_s) for job, p in raw.items()}
 
 
 def _spec_errors(context, errors: list[ConfigError], reported: set[str]) -> tuple[list[str], list[dict] | None]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ones_pipeline.core.estimates import goodput_of, noise_scales, remaining_work
+from ones_pipeline.core.estimates import evaluation_time, goodput_of, noise_scales, remaining_work
 from ones_pipeline.core.goodput import GoodputModel
 from ones_pipeline.core.types import Allocation, Cluster, JobStatus, JobView, Schedule
 
@@ -107,13 +107,16 @@ def _dur(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
-def _time_left(params, gns, view: JobView, work: float, alloc: Allocation | None, cluster: Cluster) -> float | None:
+def _time_left(params, gns, view: JobView, work: float, fixed: float, alloc: Allocation | None,
+               cluster: Cluster) -> float | None:
+    """Seconds ``view`` takes to train ``work`` on ``alloc``, plus its ``fixed`` seconds (its evaluation points:
+    ``estimates.evaluation_time``); None without GPUs."""
     if alloc is None or not alloc.gpus:
         return None
     nodes = len(cluster.placement(alloc.gpus))  # nodes the allocation spans
     rate = float(goodput_of(params, gns, view.spec.per_gpu_batch, view.spec.max_per_gpu_batch or np.inf,
                             len(alloc.gpus), max(nodes, 1), alloc.global_batch))
-    return work / rate if rate > 0 else float("inf")
+    return work / rate + fixed if rate > 0 else float("inf")
 
 
 def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: Schedule, jobs: Sequence[str],
@@ -126,12 +129,13 @@ def explain(views: Sequence[JobView], cluster: Cluster, current: Schedule, new: 
         return {}
     subset = [views[by_name[j]] for j in wanted]
     params, gns, work = GoodputModel().prior(subset), noise_scales(subset), remaining_work(subset)
+    fixed = evaluation_time(subset, work)
     out = {}
     for i, job in enumerate(wanted):
         p = params.select(i)
         old, alloc = current.allocations.get(job), new.allocations.get(job)
-        before = _time_left(p, gns[i], subset[i], work[i], old, cluster)
-        after = _time_left(p, gns[i], subset[i], work[i], alloc, cluster)
+        before = _time_left(p, gns[i], subset[i], work[i], fixed[i], old, cluster)
+        after = _time_left(p, gns[i], subset[i], work[i], fixed[i], alloc, cluster)
         kind = change_kind(subset[i], old.gpus if old else (), alloc.gpus if alloc else (),
                            bool((in_place or {}).get(job)))
         cost = float(subset[i].change_costs.get(kind, UNKNOWN_COST_S)) if kind else 0.0
@@ -180,6 +184,7 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         return out
     model = GoodputModel()
     params, gns, work = model.prior(running), noise_scales(running), remaining_work(running)
+    fixed = evaluation_time(running, work)
     for i, v in enumerate(running):
         alloc = new.allocations[v.name]
         n, k = len(alloc.gpus), min(len(free), v.spec.gpu_cap - len(alloc.gpus))
@@ -199,8 +204,8 @@ def idle_reasons(views: Sequence[JobView], cluster: Cluster, new: Schedule, held
         else:
             batch = min(alloc.global_batch * (n + k) // n, v.spec.global_batch_cap)
         more = Allocation(v.name, gpus, batch, alloc.lr)
-        now = _time_left(params.select(i), gns[i], v, work[i], alloc, cluster)
-        grown = _time_left(params.select(i), gns[i], v, work[i], more, cluster)
+        now = _time_left(params.select(i), gns[i], v, work[i], fixed[i], alloc, cluster)
+        grown = _time_left(params.select(i), gns[i], v, work[i], fixed[i], more, cluster)
         if now is None or grown is None:
             continue
         grown += float(v.change_costs.get("grow", UNKNOWN_COST_S))

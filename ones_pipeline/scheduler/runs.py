@@ -169,6 +169,7 @@ class ProgressInfo:
     accuracy_history: tuple[tuple[float, float], ...] = ()
     restarts: int = 0
     grad_noise_scale: float | None = None  # measured by the step (samples); None before it has one
+    epoch_end_s: float | None = None  # s one evaluation point takes outside the steps; None before one passed
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,9 @@ class _State:
     resizing: dict[str, list] = field(default_factory=dict)
     # kind of change -> [when, seconds] rows this deployment measured, newest last (``change_costs.remember``)
     change_costs: dict[str, list[list[float]]] = field(default_factory=dict)
+    # model -> s its jobs' evaluation points last took (``JobView.epoch_end_s``): a job that has passed none yet
+    # is valued by it (a job shorter than an epoch passes only its last)
+    model_epoch_end: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_cursor(cls, cursor: Mapping[str, Any]) -> _State:
@@ -127,7 +130,8 @@ class _State:
                    {m: [list(r) for r in rows] for m, rows in cursor.get("model_obs", {}).items()},
                    {m: list(v) for m, v in cursor.get("model_gns", {}).items()},
                    {r: list(v) for r, v in cursor.get("resizing", {}).items()},
-                   {k: [list(r) for r in rows] for k, rows in cursor.get("change_costs", {}).items()})
+                   {k: [list(r) for r in rows] for k, rows in cursor.get("change_costs", {}).items()},
+                   {m: float(s) for m, s in cursor.get("model_epoch_end", {}).items()})
 
     def remember(self, model: str, obs: Sequence[ThroughputObs]) -> None:
         """Keep ``obs`` as the newest step times of ``model`` (``core.model_memory.remember``)."""
@@ -277,6 +281,8 @@ def job_views(inputs: TickInputs, settings: SchedulerSettings, current: _Current
         if pr.throughput_obs and job in inputs.specs:
             state.remember(inputs.specs[job].model, pr.throughput_obs)
             state.remember_noise(inputs.specs[job].model, pr.samples_done, pr.grad_noise_scale)
+        if pr.epoch_end_s and job in inputs.specs:
+            state.model_epoch_end[inputs.specs[job].model] = float(pr.epoch_end_s)
     for job, spec in inputs.specs.items():
         if job in inputs.finished or job in state.failed:
             continue
@@ -326,7 +332,7 @@ def _view(inputs: TickInputs, job: str, spec: JobSpec, runs: Sequence[RunInfo], 
         spec=spec, status=status, submit_time_s=state.submit[job], samples_done=pr.samples_done,
         progress_samples=pr.samples_done, throughput_obs=pr.throughput_obs, loss_history=pr.loss_history,
         accuracy_history=pr.accuracy_history, initial_loss=pr.loss_history[0][1] if pr.loss_history else None,
-        grad_noise_scale=pr.grad_noise_scale,
+        grad_noise_scale=pr.grad_noise_scale, epoch_end_s=pr.epoch_end_s or state.model_epoch_end.get(spec.model, 0.0),
         restarts=max(pr.restarts, len(ran) - 1, 0),
         attained_gpu_s=sum(slot_seconds(r, inputs.ledgers.get(job, ()), now) for r in ran),  # in-place changes too
         run_time_s=sum(r.held_s(now) for r in ran),
@@ -475,5 +481,6 @@ def _cursor(inputs: TickInputs, policy: Policy, state: _State, viewed: Sequence[
         "model_gns": state.model_gns,
         "resizing": {r: v for r, v in state.resizing.items() if inputs.now - v[0] < CANCEL_PENDING_S},
         "change_costs": state.change_costs,  # what each kind of change measured here (``measure_changes``)
+        "model_epoch_end": state.model_epoch_end,
         "viewed": sorted(viewed),  # jobs this tick's policy saw: the next tick reads the finished ones' progress
     }

@@ -67,6 +67,7 @@ log = logging.getLogger("ones_pipeline.train")
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
 THROUGHPUT_WINDOW = 20
+EPOCH_END_WINDOW = 5  # evaluation points whose wall time ``epoch_end_s`` is the median of
 
 
 @dataclass
@@ -115,6 +116,11 @@ class TrainingSession:
         self._steps_since_start = self._steps_here = 0  # since the last batch change / in this process
         self._last_ckpt = self._beat_s = time.monotonic()  # the last checkpoint; the last progress event
         self._t_step = None
+        # The wall time of the recent evaluation points, s each: from the step that ended an epoch to the next
+        # step (the script's evaluation, ``end_epoch`` and its checkpoint), which no added GPU shortens; and
+        # when that step was done (None: the last step ended no epoch).
+        self._epoch_ends: list[float] = []
+        self._t_epoch_end: float | None = None
         self._prev_handlers: dict[int, Any] = {}
         self._stop_file = placement.stop_file
         self._launcher_pid = placement.launcher_pid
@@ -296,6 +302,9 @@ class TrainingSession:
             # The step's micro-batches from its own sample count: a short last step needs fewer.
             self._step = Step(idx, self._tuner.split(self._batch_now)[1] + 1, self._model, self._last_micro_batch)
             self._t_last, self._t_step = None, time.perf_counter()
+            if self._t_epoch_end is not None:  # the previous step ended an epoch: its evaluation point took this
+                self._epoch_ends = [*self._epoch_ends[1 - EPOCH_END_WINDOW:], self._t_step - self._t_epoch_end]
+                self._t_epoch_end = None
             yield self._step
             if self._t_step is not None:  # step_done was not called: do its bookkeeping anyway
                 self.step_done()
@@ -357,6 +366,7 @@ class TrainingSession:
             membership.change(self, plan)
         elif ckpt_due:
             self.checkpoint()
+        self._t_epoch_end = time.perf_counter() if self.epoch_ended else None
 
     def _stop_wanted(self) -> bool:
         if self._stop_requested:
@@ -385,7 +395,9 @@ class TrainingSession:
     def metrics(self) -> dict[str, float]:
         """The logged metrics. ``per_gpu_batch``, ``step_time_s`` and ``sync_time_s`` are the throughput
         model's terms (``batch_tuning.as_observation``): the micro-batch per GPU, and for an accumulating step
-        the synchronising micro-batch and update, not the whole optimizer step (``samples_per_s`` is real)."""
+        the synchronising micro-batch and update, not the whole optimizer step (``samples_per_s`` is real).
+        ``epoch_end_s``: the median wall time of the recent evaluation points (from the step that ended an
+        epoch to the next step), once one has passed."""
         pr = self.progress
         micro, accum = self._tuner.split(self.global_batch)
         out = {"samples": float(pr.samples_done), "epoch": pr.samples_done / self.dataset_size,
@@ -401,6 +413,8 @@ class TrainingSession:
             out["step_time_s"] = obs.step_time_s
             if accum:
                 out["sync_time_s"] = obs.sync_time_s
+        if self._epoch_ends:
+            out["epoch_end_s"] = float(np.median(self._epoch_ends))
         if getattr(self, "_last_loss", None) is not None:
             out["loss"] = self._last_loss
         out.update(system_metrics(self.p.device == "cuda"))

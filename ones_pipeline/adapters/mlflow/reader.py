@@ -71,6 +71,11 @@ class JobProgress:
     def grad_noise_scale(self) -> float | None:
         return self.metrics.get("grad_noise_scale")
 
+    @property
+    def epoch_end_s(self) -> float | None:
+        """Seconds one evaluation point takes outside the steps, as the job measured it; None before one."""
+        return self.metrics.get("epoch_end_s")
+
 
 REACH_TIMEOUT_S = 5.0  # a tracking server that does not answer /health within this is unreachable
 

@@ -274,6 +274,11 @@ class OnesPolicy(PolicyBase):
         table = as_requested(jobs, tuned_table(cluster, jobs, caps, self._rows, self.model))  # (J, N+1)
         cur_rate, _ = current_goodput(cluster, jobs, current, table, self.model)  # (J,)
         remaining = unmeasured_as_short(jobs, estimates.remaining_work(jobs), table[:, 1])  # (J,)
+        # Rates over each job's whole time left, its evaluation points included (measured live; none simulated):
+        # they take as long on any count.
+        fixed = estimates.evaluation_time(jobs, remaining)
+        table = estimates.with_fixed_time(table, remaining, fixed)
+        cur_rate = estimates.with_fixed_time(cur_rate, remaining, fixed)
         cur = np.array([len(current.gpus_of(j.name)) for j in jobs], dtype=np.int64)
         submit = np.array([j.submit_time_s for j in jobs])
         charges, lagged = _charges(jobs, table, remaining, cur, np.minimum(
