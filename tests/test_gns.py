@@ -408,12 +408,13 @@ def test_switched_off_nothing_is_measured(tmp_path):
 
 
 def test_builtin_workload_logs_a_growing_noise_scale_to_mlflow(tmp_path):
-    """mlp-digits on 2 processes for 3 epochs: the loss falls steeply, |G|^2 with it, so the scale grows."""
+    """mlp-digits on 2 processes for 15 epochs: the loss falls steeply, |G|^2 with it, so the scale grows. (A point is
+    logged at each epoch's end and every few seconds between: ``LOG_EVERY_S``.)"""
     mlflow = pytest.importorskip("mlflow")
     from ones_pipeline.adapters.mlflow import read_progress
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cmd = [sys.executable, "-m", "ones_pipeline.train", "--model", "mlp-digits", "--name", "gns", "--epochs", "3",
+    cmd = [sys.executable, "-m", "ones_pipeline.train", "--model", "mlp-digits", "--name", "gns", "--epochs", "15",
            "--per-gpu-batch", "16", "--base-lr", "0.01", "--slots", "2", "--state-dir", str(tmp_path / "gns"),
            "--tracking-uri", uri]
     # Every step measured: on this tiny model the default budget allows one in many, and a noisier curve.

@@ -72,3 +72,37 @@ def test_accum_steps_is_logged_only_while_the_step_accumulates(tmp_path, monkeyp
 
     assert "accum_steps" not in metrics(accumulating=False)
     assert metrics(accumulating=True)["accum_steps"] == 3.0  # 16 samples in 4 micro-batches of 4
+
+
+def test_step_metrics_are_logged_every_few_seconds_and_at_once_when_the_steps_are_first_timed(tmp_path, monkeypatch):
+    """A script calls ``log_step_metrics`` after every step. An MLflow point takes ~6 ms to write, as long as the
+    steps of a small model: logged every 10 steps, an mlp-digits job trained at 0.7x the rate. Two epochs of 16
+    steps (well under ``LOG_EVERY_S``) log a point after the first step, one once the steps are timed, and one per
+    epoch end."""
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("ONES_STOP_FILE", raising=False)
+    monkeypatch.delenv("ONES_LAUNCHER_PID", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = JobSpec(name="job-l", model="mlp", dataset_size=64, per_gpu_batch=4, requested_gpus=1,
+                   stopping=StoppingRule(StopKind.EPOCHS, epochs=2))
+    placement = Placement(spec=spec, rank=0, world_size=1, global_batch=4, lr=0.1, generation=0, state_dir=tmp_path,
+                          tracking_uri=uri, experiment="ones")
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TrainingSession(placement, 64) as session:
+        model = session.prepare(model, optimizer)
+        for idx in session.batches():
+            loss = model(torch.ones(len(idx), 3)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            session.step_done(loss=float(loss.detach()))
+            session.log_step_metrics()
+            if session.epoch_ended and not session.stopped:
+                session.end_epoch(accuracy=0.5)
+    client = mlflow.tracking.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("ones").experiment_id])
+    samples = sorted(m.step for m in client.get_metric_history(run.info.run_id, "samples"))
+    timed = sorted(m.step for m in client.get_metric_history(run.info.run_id, "step_time_s"))
+    assert samples[0] == 4 and timed and timed[0] < 64, (samples, timed)  # timed within the first epoch
+    assert len(samples) <= 5, samples  # first step, first timed, two epoch ends (and their points), not 32

@@ -8,7 +8,7 @@ the jobs, and per run that started: ``startup`` = its Dagster start -> its first
 
 First training progress of a generation: the first ``samples`` point the job's MLflow run logged during that
 run with more samples than the generation resumed from, less the time it took to train those samples at the
-``samples_per_s`` logged with it (a point is logged every 10 steps, so it comes a few steps after the first).
+``samples_per_s`` logged with it (the built-in script logs its first point after its first step).
 
 Simulated: ``ones_pipeline.sim`` replays the same specs with ``MeasuredTruth`` (statistical efficiency 1: the
 stopping rules count samples). A policy's run is replayed as it ran (``adapters.live_as_ran``): each job

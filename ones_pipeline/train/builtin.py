@@ -20,9 +20,6 @@ from ones_pipeline.train.catalogue import resolve_workload
 from ones_pipeline.train.data import load_dataset
 from ones_pipeline.train.models import build_model
 
-# Log a live progress point every this many steps (plus every epoch end).
-LOG_EVERY_STEPS = 10
-
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device,
@@ -67,8 +64,7 @@ def main() -> int:
                 loss_sum, samples = loss_sum + float(loss.detach()), samples + len(idx_t)
             optimizer.step()
             session.step_done(loss=loss_sum / samples if samples else None)
-            if session.progress.steps_done % LOG_EVERY_STEPS == 0:
-                session.log_step_metrics()
+            session.log_step_metrics()  # a point every few seconds (``LOG_EVERY_S``)
             if session.epoch_ended and not session.stopped:
                 # The bare module, not the DDP wrapper: a forward on rank 0 alone must not enter a collective.
                 bare = model.module if hasattr(model, "module") else model
