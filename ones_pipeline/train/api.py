@@ -433,6 +433,10 @@ class TrainingSession:
         if loss is not None:
             pr.losses.append(float(loss))
         self.finished = self._stopping_rule_met()
+        if self.finished and self._t_epoch_end is not None:  # the last point has no next step: its evaluation so
+            # far, in the final record, for the model's next jobs (a job shorter than an epoch passes only this one)
+            self._epoch_ends = [*self._epoch_ends[1 - EPOCH_END_WINDOW:], time.perf_counter() - self._t_epoch_end]
+            self._t_epoch_end = None
         pr.record = None
         if self.is_main:  # the epoch's record: written after the checkpoint that holds it (``records``)
             m = {**self.metrics(), "accuracy": float(accuracy), "test_loss": loss}
