@@ -54,6 +54,7 @@ from ones_pipeline.train.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from ones_pipeline.train.clock import SessionClock
 from ones_pipeline.train.micro_batches import Step
 from ones_pipeline.train.noise_probe import NoiseScaleProbe
 from ones_pipeline.train.placement import Placement, spec_from_json, spec_to_json, system_metrics
@@ -66,12 +67,6 @@ log = logging.getLogger("ones_pipeline.train")
 # Throughput is reported only from steady state: the first steps after a (re)start include
 # compilation/allocation warm-up and would bias the scheduler's speed model.
 WARMUP_STEPS = 3
-THROUGHPUT_WINDOW = 20
-# ``log_step_metrics`` logs a point at most this often, and at once when a configuration's steps are first timed.
-# An MLflow point takes ~6 ms to write (sqlite, idle host): logged every 10 steps, as the built-in script did, a
-# cnn-digits job (4 ms steps) trained at 4,530 samples/s alone, 5,040 with this; mlp-digits (0.4 ms) 17,200 -> 24,100.
-LOG_EVERY_S = 5.0
-EPOCH_END_WINDOW = 5  # evaluation points whose wall time ``epoch_end_s`` is the median of
 
 
 @dataclass
@@ -111,22 +106,12 @@ class TrainingSession:
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._run = None
-        self._step_times: list[float] = []  # steady-state optimizer steps at the current batch, s
-        self._micro_times: list[float] = []  # ... accumulating: their micro-batches before the last, s each
-        self._step: Step | None = None  # the step handed out last, and when its last micro-batch was:
-        self._t_last: float | None = None
+        self.clock = SessionClock()  # its steps' and evaluation points' times; when it last logged to MLflow
+        self._step: Step | None = None  # the step handed out last
         self._retune_to = 0  # the batch rank 0 chose at this evaluation point (0: none), from ``_agree``
         self._change: BatchChange | None = None  # rank 0: that choice, for the report
         self._steps_since_start = self._steps_here = 0  # since the last batch change / in this process
         self._last_ckpt = self._beat_s = time.monotonic()  # the last checkpoint; the last progress event
-        self._t_step = None
-        self._logged_s = -float("inf")  # when ``log_step_metrics`` last logged, and the configuration it had timed
-        self._logged_timed: tuple[int, int] | None = None
-        # The wall time of the recent evaluation points, s each: from the step that ended an epoch to the next
-        # step (the script's evaluation, ``end_epoch`` and its checkpoint), which no added GPU shortens; and
-        # when that step was done (None: the last step ended no epoch).
-        self._epoch_ends: list[float] = []
-        self._t_epoch_end: float | None = None
         self._prev_handlers: dict[int, Any] = {}
         self._stop_file = placement.stop_file
         self._launcher_pid = placement.launcher_pid
@@ -242,7 +227,7 @@ class TrainingSession:
         (the others add 0), so choosing costs no collective of its own that a rank could be out of step with."""
         if not self._tuner.enabled:
             return 0.0
-        self._tuner.record(self.global_batch, self._step_times, self._micro_times)  # every rank: same record
+        self._tuner.record(self.global_batch, self.clock.step_times, self.clock.micro_times)  # every rank: same record
         self._change = self._tuner.choose(self.global_batch, self._gns.smoother.noise_scale()) \
             if self.is_main else None
         return float(self._change.new) if self._change is not None else 0.0
@@ -255,7 +240,8 @@ class TrainingSession:
             return
         self._use_batch(new, lr_for_batch(self.spec, new))
         self._set_lr()
-        self._step_times, self._micro_times, self._steps_since_start = [], [], 0  # steady state again
+        self.clock.new_configuration()  # steady state again
+        self._steps_since_start = 0
         if change is not None:  # rank 0
             n, word = self.p.world_size, "GPU" if self.p.device == "cuda" else "CPU slot"
             text = change.text(f"{n} {word}{'' if n == 1 else 's'}", per="GPU" if word == "GPU" else "slot")
@@ -307,16 +293,13 @@ class TrainingSession:
             idx = self.order.batch_indices(pr.epoch, pr.position, self.global_batch, self.p.rank, self.p.world_size)
             # The step's micro-batches from its own sample count: a short last step needs fewer.
             self._step = Step(idx, self._tuner.split(self._batch_now)[1] + 1, self._model, self._last_micro_batch)
-            self._t_last, self._t_step = None, time.perf_counter()
-            if self._t_epoch_end is not None:  # the previous step ended an epoch: its evaluation point took this
-                self._epoch_ends = [*self._epoch_ends[1 - EPOCH_END_WINDOW:], self._t_step - self._t_epoch_end]
-                self._t_epoch_end = None
+            self.clock.step_begins()
             yield self._step
-            if self._t_step is not None:  # step_done was not called: do its bookkeeping anyway
+            if self.clock.in_step:  # step_done was not called: do its bookkeeping anyway
                 self.step_done()
 
     def _last_micro_batch(self) -> None:
-        self._t_last = time.perf_counter()
+        self.clock.last_micro_batch()
 
     def _on_forward(self, module: torch.nn.Module, args: Any) -> None:
         """DDP wrapper's forward pre-hook: count the forwards whose backward will all-reduce."""
@@ -325,15 +308,10 @@ class TrainingSession:
 
     def step_done(self, loss: float | None = None) -> None:
         """Account for the step just taken; decide (all ranks together) whether to stop."""
-        if self._t_step is None:
+        if not self.clock.in_step:
             return
-        now = time.perf_counter()
+        elapsed, before_last = self.clock.step_taken(len(self._step))
         self._step.check_taken(self.p.rank, self.p.world_size)
-        micro = len(self._step)
-        elapsed, before_last = now - self._t_step, None  # the whole step, and one micro-batch before the last
-        if micro > 1 and self._t_last is not None:
-            before_last = (self._t_last - self._t_step) / (micro - 1)
-        self._t_step = None
         pr = self.progress
         pr.position += self._batch_now
         pr.samples_done += self._batch_now
@@ -347,9 +325,7 @@ class TrainingSession:
         self._steps_since_start += 1
         self._steps_here += 1
         if self._steps_since_start > WARMUP_STEPS and self._batch_now == self.global_batch:
-            self._step_times = [*self._step_times[1 - THROUGHPUT_WINDOW:], elapsed]
-            if before_last is not None:
-                self._micro_times = [*self._micro_times[1 - THROUGHPUT_WINDOW:], before_last]
+            self.clock.steady(elapsed, before_last)
         self._set_lr()
         # An evaluation point: the end of an epoch, or the sample budget of an epochs/samples rule
         # reached mid-epoch (e.g. 0.5 epochs).
@@ -372,7 +348,7 @@ class TrainingSession:
             membership.change(self, plan)
         elif ckpt_due:
             self.checkpoint()
-        self._t_epoch_end = time.perf_counter() if self.epoch_ended else None
+        self.clock.step_done(self.epoch_ended)
 
     def _stop_wanted(self) -> bool:
         if self._stop_requested:
@@ -394,9 +370,8 @@ class TrainingSession:
 
     def throughput(self) -> float | None:
         """Steady-state samples/s (median optimizer-step time of the recent window), None before steady state."""
-        if len(self._step_times) < 2:
-            return None
-        return self.global_batch / float(np.median(self._step_times))
+        step = self.clock.step_s()
+        return None if step is None else self.global_batch / step
 
     def metrics(self) -> dict[str, float]:
         """The logged metrics. ``per_gpu_batch``, ``step_time_s`` and ``sync_time_s`` are the throughput
@@ -413,14 +388,13 @@ class TrainingSession:
         tp = self.throughput()
         if tp is not None:
             out["samples_per_s"] = tp
-            micro_s = float(np.median(self._micro_times)) if accum and self._micro_times else None
-            obs = as_observation((self.p.world_size, self.p.num_nodes, micro, accum),
-                                 float(np.median(self._step_times)), micro_s)
+            obs = as_observation((self.p.world_size, self.p.num_nodes, micro, accum), self.clock.step_s(),
+                                 self.clock.micro_s() if accum else None)
             out["step_time_s"] = obs.step_time_s
             if accum:
                 out["sync_time_s"] = obs.sync_time_s
-        if self._epoch_ends:
-            out["epoch_end_s"] = float(np.median(self._epoch_ends))
+        if (epoch_end := self.clock.epoch_end_s()) is not None:
+            out["epoch_end_s"] = epoch_end
         if getattr(self, "_last_loss", None) is not None:
             out["loss"] = self._last_loss
         out.update(system_metrics(self.p.device == "cuda"))
@@ -433,10 +407,8 @@ class TrainingSession:
         if loss is not None:
             pr.losses.append(float(loss))
         self.finished = self._stopping_rule_met()
-        if self.finished and self._t_epoch_end is not None:  # the last point has no next step: its evaluation so
-            # far, in the final record, for the model's next jobs (a job shorter than an epoch passes only this one)
-            self._epoch_ends = [*self._epoch_ends[1 - EPOCH_END_WINDOW:], time.perf_counter() - self._t_epoch_end]
-            self._t_epoch_end = None
+        if self.finished:  # in the final record, for the model's next jobs (one shorter than an epoch has only this)
+            self.clock.last_point()
         pr.record = None
         if self.is_main:  # the epoch's record: written after the checkpoint that holds it (``records``)
             m = {**self.metrics(), "accuracy": float(accuracy), "test_loss": loss}
@@ -520,13 +492,8 @@ class TrainingSession:
 
     def log_step_metrics(self) -> None:
         """Log the current step metrics (rank 0) for a live progress curve: call it after every step. It logs a
-        point every ``LOG_EVERY_S`` seconds, and at once once the steps at a new configuration (processes,
+        point every ``clock.LOG_EVERY_S`` seconds, and at once once the steps at a new configuration (processes,
         global batch) are timed, so the scheduler values a job by its own steps as soon as they are."""
-        if self._run is None:
-            return
-        now = time.monotonic()
         timed = (self.p.world_size, self.global_batch) if self.throughput() is not None else None
-        if now - self._logged_s < LOG_EVERY_S and (timed is None or timed == self._logged_timed):
-            return
-        self._logged_s, self._logged_timed = now, timed or self._logged_timed
-        self._run.log_metrics(self.metrics(), step=self.progress.samples_done)
+        if self._run is not None and self.clock.log_due(timed):
+            self._run.log_metrics(self.metrics(), step=self.progress.samples_done)

@@ -225,7 +225,8 @@ def _rewrap(s: TrainingSession) -> None:
     s._gns.load_state_dict(state)
     s._gns.attach(model)
     s._tuner.world_size = s.p.world_size
-    s._step_times, s._micro_times, s._steps_since_start = [], [], 0
+    s.clock.new_configuration()
+    s._steps_since_start = 0
 
 
 def wrap(s: TrainingSession, model: torch.nn.Module) -> torch.nn.Module:
