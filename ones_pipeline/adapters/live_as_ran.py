@@ -125,12 +125,14 @@ def as_ran_json(rates: Mapping[str, Mapping[tuple[int, int], float]],
 
 
 def sensor_ticks(instance) -> list[float]:
-    """Unix times of the scheduler sensor's ticks the Dagster instance recorded, oldest first."""
-    from ones_pipeline.defs.sensor import SENSOR_NAME
+    """Unix times of the scheduler sensor's ticks that decided (``defs.sensor.watch_tick``: not its skips that
+    only watched for a run's end), the Dagster instance recorded, oldest first."""
+    from ones_pipeline.defs.sensor import SENSOR_NAME, WATCHING
 
     for state in instance.all_instigator_state():
         if state.instigator_name == SENSOR_NAME:
-            return sorted(t.timestamp for t in instance.get_ticks(state.instigator_origin_id, state.selector_id))
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+            return sorted(t.timestamp for t in ticks if not (t.skip_reason or "").startswith(WATCHING))
     return []
 
 

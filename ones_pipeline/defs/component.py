@@ -112,7 +112,7 @@ def build(ones_env, declared: dict[str, DeclaredJob], launcher=None) -> dg.Defin
     return dg.Definitions(
         assets=[training, cluster_report],
         jobs=[train_job, report_job, apply_job],
-        sensors=[build_scheduler_sensor(env.scheduler.tick_interval_s, declared)],
+        sensors=[build_scheduler_sensor(declared)],
         resources={"ones_env": ones_env, "mlflow": mlflow, "inventory": InventoryResource(ones_env=ones_env),
                    "launcher": step_launcher},
     )

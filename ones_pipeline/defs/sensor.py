@@ -36,10 +36,10 @@ from pathlib import Path
 import dagster as dg
 
 from ones_pipeline.adapters.inventory import InventoryUnavailable
-from ones_pipeline.config import ConfigError, EnvConfig, load_job_specs
+from ones_pipeline.config import ConfigError, EnvConfig, job_spec_files, load_job_specs
 from ones_pipeline.defs.apply import apply_job, apply_request
 from ones_pipeline.defs.assets import JOBS_PARTITIONS, REPORT_JOB_NAME, TRAIN_JOB_NAME, report_job, train_job
-from ones_pipeline.defs.declared import with_declared
+from ones_pipeline.defs.declared import hold_for_upstream, with_declared
 from ones_pipeline.defs.instance import REPORT_ASSET, TRAINING_ASSET, finished_jobs, job_run_infos
 from ones_pipeline.defs.resources import InventoryResource, MlflowResource, OnesEnvResource
 from ones_pipeline.defs.slot_owner import job_ledgers
@@ -47,6 +47,9 @@ from ones_pipeline.scheduler import ProgressInfo, SchedulerSettings, TickInputs,
 from ones_pipeline.scheduler.change_costs import change_events
 
 SENSOR_NAME = "ones_scheduler_sensor"
+WATCH_S = 1  # the sensor's minimum interval: the daemon's loop (every 5 s) paces it (``watch_tick``)
+WATCHING = "watching:"  # how a skip that decided nothing begins (``adapters.live_as_ran.sensor_ticks`` leaves them out)
+ENDED_STATUSES = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 
 
 def _progress(context, mlflow: MlflowResource, jobs) -> dict:
@@ -255,15 +258,59 @@ def _next_cursor(plan, cursor: dict, applies: bool, error_keys, finished, last_t
     return out
 
 
-def build_scheduler_sensor(tick_interval_s: int, declared=None) -> dg.SensorDefinition:
-    @dg.sensor(name=SENSOR_NAME, jobs=[train_job, report_job, apply_job], minimum_interval_seconds=int(tick_interval_s),
+def watched(instance: dg.DagsterInstance, env: EnvConfig, declared=None) -> dict:
+    """What makes the sensor decide before ``tick_interval_s`` has passed: a training run that ended (its job
+    finished, failed or stopped: its slots are free), a job that finished, a job spec file added, changed or
+    removed, or a declared job's upstream assets materialized."""
+    ended = instance.get_runs_count(dg.RunsFilter(job_name=TRAIN_JOB_NAME, statuses=ENDED_STATUSES))
+    files = [[p.name, p.stat().st_mtime_ns] for p in job_spec_files(env.jobs_dir)]
+    return {"ended_runs": ended, "finished": len(finished_jobs(instance)),
+            "specs": hashlib.sha256(json.dumps(files).encode()).hexdigest()[:12],
+            "held": len(hold_for_upstream(instance, declared)[1]) if declared else 0}
+
+
+def watch_tick(context: dg.SensorEvaluationContext, env: EnvConfig, decide, declared=None) -> dg.SensorResult:
+    """The sensor's evaluation, every few seconds: ``decide()`` (``scheduler_tick``) when ``tick_interval_s`` has
+    passed since the last decision or what ``watched`` sees changed since then, else a skip (``WATCHING``) that
+    reads nothing else. A slot a job frees is given out seconds after its run ends, not up to a tick interval
+    later (a sensor ticks every ``tick_interval_s`` plus up to the daemon's 5 s loop)."""
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    try:
+        seen = watched(context.instance, env, declared)
+    except OSError:  # the jobs directory moved or is unreadable: decide, which reports it
+        seen = None
+    last = cursor.get("last_tick", {})
+    waited = time.time() - float(last.get("time_s", 0.0))
+    if seen is not None and cursor.get("watch") == seen and waited < env.scheduler.tick_interval_s:
+        bad, nxt = len(cursor.get("errors", ())), env.scheduler.tick_interval_s - waited
+        why = (f"{WATCHING} no run ended and no job spec changed since the decision {waited:.0f} s ago; the next in "
+               f"{nxt:.0f} s" + (f"; {bad} job spec file(s) skipped until fixed (`ones status`)" if bad else "")
+               + (f"; {seen['held']} waiting for upstream assets" if seen["held"] else ""))
+        return dg.SensorResult(skip_reason=why, cursor=context.cursor)
+    result = decide()
+    if seen is not None and result.cursor and result.cursor != context.cursor:
+        result = dg.SensorResult(run_requests=result.run_requests, skip_reason=result.skip_reason,
+                                 cursor=json.dumps({**json.loads(result.cursor), "watch": seen}),
+                                 asset_events=result.asset_events,
+                                 dynamic_partitions_requests=result.dynamic_partitions_requests)
+    return result
+
+
+def build_scheduler_sensor(declared=None) -> dg.SensorDefinition:
+    """The scheduler sensor. The daemon evaluates it every loop (5 s); it decides every ``scheduler.tick_interval_s``
+    of the environment and whenever a run ends or a spec changes (``watch_tick``)."""
+    @dg.sensor(name=SENSOR_NAME, jobs=[train_job, report_job, apply_job],
+               minimum_interval_seconds=WATCH_S,
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="ONES: every tick, decide GPUs and batch size for every job; start, resize, preempt runs")
     def ones_scheduler_sensor(context: dg.SensorEvaluationContext, ones_env: OnesEnvResource, mlflow: MlflowResource,
                               inventory: InventoryResource):
-        return scheduler_tick(context, ones_env.config(), mlflow, inventory, declared)
+        env = ones_env.config()
+        return watch_tick(context, env, lambda: scheduler_tick(context, env, mlflow, inventory, declared),
+                          declared)
 
     return ones_scheduler_sensor
 
 
-__all__ = ["build_scheduler_sensor", "scheduler_tick", "SENSOR_NAME", "REPORT_ASSET"]
+__all__ = ["build_scheduler_sensor", "scheduler_tick", "watch_tick", "watched", "SENSOR_NAME", "WATCHING",
+           "REPORT_ASSET"]
