@@ -25,7 +25,10 @@ one. Rounds are 60 s. ``--quick``: one workload per cell and seed 0 (a smoke run
 ``--results RUNS.jsonl``: each simulation's mean JCT is appended there as it finishes (one JSON line: cell
 instance, policy, seed, mean JCT, wall seconds, a digest of the code it ran: ``code``), and a rerun with the
 same file simulates only what is missing, so a grid of hours survives an interrupted run and one policy's
-change re-runs that policy only. Lines of other code are not used (the script says how many it ignored).
+change re-runs that policy only. Lines of other code are not used (the script says how many it ignored). A
+policy that drew no number from its random generator on an instance (its ``to_dict()`` state did not move:
+``fifo``, ``tiresias``, ``sia``) is simulated there for the first seed only; that line (``"any_seed": true``)
+stands for every seed.
 
 ``--json OUT`` writes ``{"cells": {cell: {policy: mean_jct_s, "bound": s}}, "worst_ratio": x,
 "geo_vs_pollux": y}``: ``worst_ratio`` the largest over cells of ``ones`` / the best other policy,
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,22 +108,30 @@ def instances(cell: str, workloads: list[int]) -> list[tuple[str, list, Cluster,
     raise ValueError(f"unknown cell {cell!r}; allowed: {', '.join(CELLS)}")
 
 
-def _run(args) -> tuple[str, str, int, float, float]:
+def _run(args) -> tuple[str, str, int, float, float, bool]:
+    """One simulation: ``(instance, policy, seed, mean JCT, wall s, drew)``; ``drew``: the policy took a number
+    from its random generator (its ``to_dict()`` state moved), so another seed may decide otherwise."""
     label, jobs, cluster, config, policy, seed = args
     t0 = time.perf_counter()
-    result = simulate(jobs, make_policy(policy, seed=seed), cluster, config)
-    return label, policy, seed, float(np.mean([j.jct_s for j in result.jobs])), time.perf_counter() - t0
+    chosen = make_policy(policy, seed=seed)
+    untouched = chosen.to_dict()["state"]["rng"]
+    result = simulate(jobs, chosen, cluster, config)
+    drew = chosen.to_dict()["state"]["rng"] != untouched
+    return label, policy, seed, float(np.mean([j.jct_s for j in result.jobs])), time.perf_counter() - t0, drew
 
 
 def code(policy: str) -> str:
     """What a ``--results`` line of ``policy`` is valid for: ``bench_workloads.code_digest`` (the simulator, the
-    core and the policy's own modules) and this script (its cells); a line of other code is simulated again."""
-    return f"{code_digest(policy)}-{hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:8]}"
+    core and the policy's own modules) and the source of what defines a cell's simulations here (``instances``
+    and its helpers, ``_run``, the constants), not the rest of this script (its table, its arguments); a line of
+    other code is simulated again."""
+    cells = "".join(inspect.getsource(f) for f in (instances, _pollux, _thinned, _run)) + repr((CELLS, RESTART_S))
+    return f"{code_digest(policy)}-{hashlib.sha1(cells.encode()).hexdigest()[:8]}"
 
 
-def _earlier(results: Path | None, codes: dict[str, str]) -> dict[tuple[str, str, int], float]:
+def _earlier(results: Path | None, codes: dict[str, str]) -> dict[tuple[str, str, int | None], float]:
     """``{(instance, policy, seed): mean JCT}`` of the ``--results`` lines made by the code of now (``codes``:
-    policy -> ``code``)."""
+    policy -> ``code``); seed ``None``: a run whose policy drew no random number, valid for every seed."""
     if results is None or not results.is_file():
         return {}
     found, other = {}, 0
@@ -135,7 +147,7 @@ def _earlier(results: Path | None, codes: dict[str, str]) -> dict[tuple[str, str
         if row.get("code") != codes.get(key[1]):
             other += 1
             continue
-        found[key] = mean
+        found[(key[0], key[1], None) if row.get("any_seed") else key] = mean
     if other:
         print(f"regimes: {results}: {other} line(s) of other code ignored", file=sys.stderr)
     return found
@@ -145,11 +157,12 @@ def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies:
              processes: int, results: Path | None = None) -> dict[str, dict[str, float]]:
     """``{cell: {policy: mean JCT over its instances and seeds, "bound": mean of the instances' bounds}}``;
     with ``results`` (JSON lines), the simulations found there for this code are not run again and each new
-    one is appended as it finishes."""
+    one is appended as it finishes. A policy that drew no random number on an instance (``fifo``, ``tiresias``,
+    ``sia``: their decisions do not use the seed) is simulated there once and that run stands for every seed."""
     codes = {p: code(p) for p in policies}
-    means: dict[tuple[str, str], list[float]] = {}
     earlier = _earlier(results, codes)
-    tasks, bounds, members = [], {}, {}
+    values: dict[tuple[str, str], dict[int, float]] = {}
+    first, later, bounds, members, read = [], {}, {}, {}, 0
     for cell in cells:
         found = instances(cell, workloads)
         if not found:
@@ -159,28 +172,48 @@ def run_grid(cells: list[str], workloads: list[int], seeds: list[int], policies:
         for label, jobs, cluster, config in found:
             bounds[label] = lower_bound(jobs, cluster, config).mean_jct_s
             for p in policies:
-                for s in seeds:
-                    if (label, p, s) in earlier:
-                        means.setdefault((label, p), []).append(earlier[(label, p, s)])
-                    else:
-                        tasks.append((label, jobs, cluster, config, p, s))
+                got = values.setdefault((label, p), {})
+                if (label, p, None) in earlier:
+                    got.update({s: earlier[(label, p, None)] for s in seeds})
+                else:
+                    got.update({s: earlier[(label, p, s)] for s in seeds if (label, p, s) in earlier})
+                read += len(got)
+                missing = [(label, jobs, cluster, config, p, s) for s in seeds if s not in got]
+                if missing and got:  # a seed already ran and drew: the others run now
+                    first.extend(missing)
+                elif missing:  # the rest only if the first one drew a random number
+                    first.append(missing[0])
+                    later[(label, p)] = missing[1:]
     if earlier:
-        print(f"regimes: {sum(map(len, means.values()))} simulation(s) read from {results}, {len(tasks)} to run",
-              file=sys.stderr)
+        print(f"regimes: {read} simulation(s) read from {results}, {len(first) + sum(map(len, later.values()))} "
+              "at most to run", file=sys.stderr)
     if results is not None and results.is_file() and not results.read_bytes().endswith(b"\n"):
         with results.open("a") as f:  # a line cut short by a crash ends here, so the next one starts whole
             f.write("\n")
-    started = time.perf_counter()
+    started, k = time.perf_counter(), 0
     with ProcessPoolExecutor(max_workers=processes) as pool:
-        for k, (label, policy, seed, mean, wall) in enumerate(pool.map(_run, tasks), 1):
-            means.setdefault((label, policy), []).append(mean)
-            if results is not None:
-                with results.open("a") as f:
-                    f.write(json.dumps({"instance": label, "policy": policy, "seed": seed, "mean_jct_s": mean,
-                                        "wall_s": round(wall, 1), "code": codes[policy]}) + "\n")
-            print(f"[{time.perf_counter() - started:6.0f} s] {k}/{len(tasks)} {label} {policy} seed {seed}: "
-                  f"{mean:.0f} s ({wall:.0f} s wall)", file=sys.stderr, flush=True)
-    return {cell: {**{p: float(np.mean([np.mean(means[(label, p)]) for label in labels])) for p in policies},
+        pending = {pool.submit(_run, task) for task in first}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                label, policy, seed, mean, wall, drew = future.result()
+                rest = later.pop((label, policy), [])
+                if drew:
+                    pending |= {pool.submit(_run, task) for task in rest}
+                    values[(label, policy)][seed] = mean
+                else:
+                    values[(label, policy)].update({s: mean for s in seeds})
+                if results is not None:
+                    with results.open("a") as f:
+                        f.write(json.dumps({"instance": label, "policy": policy, "seed": seed, "mean_jct_s": mean,
+                                            "wall_s": round(wall, 1), "code": codes[policy],
+                                            **({} if drew else {"any_seed": True})}) + "\n")
+                k += 1
+                print(f"[{time.perf_counter() - started:6.0f} s] {k} done, {len(pending)} running or queued: "
+                      f"{label} {policy} seed {seed}: {mean:.0f} s ({wall:.0f} s wall)"
+                      + ("" if drew else "; no random draw: stands for every seed"), file=sys.stderr, flush=True)
+    return {cell: {**{p: float(np.mean([np.mean(list(values[(label, p)].values())) for label in labels]))
+                      for p in policies},
                    "bound": float(np.mean([bounds[label] for label in labels]))}
             for cell, labels in members.items()}
 

@@ -40,7 +40,7 @@ def test_submit_and_status_without_a_scheduler_say_how_to_start_one(project, tmp
     src.write_text(yaml.safe_dump(SPEC))
     assert main(["submit", str(src), "--project", str(project)]) == 0
     out = capsys.readouterr().out
-    assert "no scheduler is running for this project yet" in out and "`ones up`" in out and "next tick" not in out
+    assert "no scheduler is running for this project yet" in out and "`ones up`" in out and "sensor sees" not in out
     assert main(["init", "--project", str(project)]) == 0
     env = load_env(project)
     capsys.readouterr()
@@ -50,4 +50,4 @@ def test_submit_and_status_without_a_scheduler_say_how_to_start_one(project, tmp
     with open_instance(env) as instance:  # a daemon beating: the usual lines
         instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "SENSOR", "d1"))
     assert main(["submit", str(src), "--project", str(project), "--force"]) == 0
-    assert "picks it up at its next tick" in capsys.readouterr().out
+    assert "sensor sees the new spec file within seconds" in capsys.readouterr().out

@@ -43,11 +43,13 @@ def test_bad_arguments_name_the_flag_and_what_is_allowed(tmp_path):
 
 def test_a_rerun_with_the_results_file_simulates_only_what_is_missing(tmp_path):
     runs, out = tmp_path / "runs.jsonl", tmp_path / "regimes.json"
-    first = _run("--cells", "small-4", "--workloads", "2", "--seeds", "0", "--policies", "fifo,tiresias",
+    first = _run("--cells", "small-4", "--workloads", "2", "--seeds", "0,1", "--policies", "fifo,tiresias",
                  "--processes", "1", "--results", str(runs), "--json", str(out), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     rows = [json.loads(line) for line in runs.read_text().splitlines()]
+    # neither draws a random number: one run each stands for both seeds
     assert sorted(r["policy"] for r in rows) == ["fifo", "tiresias"] and all(r["seed"] == 0 for r in rows)
+    assert all(r["any_seed"] for r in rows) and "stands for every seed" in first.stderr
     before = json.loads(out.read_text())["cells"]["small-4"]
     # a line of other code and a line cut short by a crash are not used
     with runs.open("a") as f:
@@ -56,10 +58,11 @@ def test_a_rerun_with_the_results_file_simulates_only_what_is_missing(tmp_path):
     again = _run("--cells", "small-4", "--workloads", "2", "--seeds", "0", "--policies", "fifo,tiresias,ones",
                  "--processes", "1", "--results", str(runs), "--json", str(out), cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "2 simulation(s) read from" in again.stderr and "1 to run" in again.stderr
+    assert "2 simulation(s) read from" in again.stderr and "1 at most to run" in again.stderr
     assert "1 line(s) of other code ignored" in again.stderr and "runs.jsonl:4: ignored" in again.stderr
     after = json.loads(out.read_text())["cells"]["small-4"]
     assert after["fifo"] == before["fifo"] and after["tiresias"] == before["tiresias"]
     assert after["ones"] > after["bound"] and after["ones"] != 1.0
     ones = [json.loads(line) for line in runs.read_text().splitlines()[4:]]  # after the line cut short
     assert [(r["policy"], r["mean_jct_s"]) for r in ones] == [("ones", after["ones"])]
+    assert "any_seed" not in ones[0]  # ones draws: each seed is its own run

@@ -116,7 +116,7 @@ def cmd_submit(env: EnvConfig, spec_path: Path, force: bool) -> int:
     tmp.replace(target)
     stopped = _no_scheduler(env)
     print(f"submitted {spec.name}: {target} " + (f"({stopped})" if stopped else
-          f"(the scheduler picks it up at its next tick, every {env.scheduler.tick_interval_s} s)"))
+          "(the scheduler's sensor sees the new spec file within seconds and decides at once)"))
     return 0
 
 
