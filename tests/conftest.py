@@ -59,3 +59,24 @@ def _one_slurm_test_at_a_time(request):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def sensor_tick():
+    """One evaluation of a project's scheduler sensor on ``instance`` from ``cursor``, through Dagster's sensor
+    context (its resources built as the daemon builds them); the dynamic partitions it adds are added."""
+    import dagster as dg
+
+    from ones_pipeline.definitions import build_definitions
+
+    def tick(project, instance, cursor):
+        defs = build_definitions(str(project))
+        sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
+        with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                     resources=defs.resources) as ctx:
+            result = sensor(ctx)
+        for req in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        return result
+
+    return tick

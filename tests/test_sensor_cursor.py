@@ -8,20 +8,9 @@ import pytest
 
 dg = pytest.importorskip("dagster")
 
-from ones_pipeline.definitions import build_definitions  # noqa: E402
 
 SPEC = "model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\nstopping: {epochs: 10}\n"
 QUEUED_COORDINATOR = {"run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"}}
-
-
-def _tick(project, instance, cursor):
-    defs = build_definitions(str(project))
-    sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
-    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources) as ctx:
-        result = sensor(ctx)
-    for req in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    return result
 
 
 def _finish(instance, jobs):
@@ -38,7 +27,7 @@ def _finish(instance, jobs):
     assert mark_finished.execute_in_process(instance=instance).success
 
 
-def test_the_cursor_does_not_grow_with_finished_jobs(tmp_path):
+def test_the_cursor_does_not_grow_with_finished_jobs(tmp_path, sensor_tick):
     """60 jobs submitted, all but two finished: the cursor is as long as with the two alone (it grew by about
     100 bytes per finished job, forever); the two active jobs keep their submit times from tick to tick."""
     (tmp_path / "resources").mkdir()
@@ -50,12 +39,12 @@ def test_the_cursor_does_not_grow_with_finished_jobs(tmp_path):
     for name in names:
         (jobs_dir / f"{name}.yaml").write_text(SPEC)
     with dg.instance_for_test(overrides=QUEUED_COORDINATOR) as instance:
-        first = _tick(tmp_path, instance, None)
+        first = sensor_tick(tmp_path, instance, None)
         submitted = json.loads(first.cursor)["submit"]
         assert set(submitted) == set(names)
         _finish(instance, names[2:])
-        later = _tick(tmp_path, instance, first.cursor)
-        again = _tick(tmp_path, instance, later.cursor)
+        later = sensor_tick(tmp_path, instance, first.cursor)
+        again = sensor_tick(tmp_path, instance, later.cursor)
     cursor = json.loads(again.cursor)
     assert cursor["submit"] == {n: submitted[n] for n in names[:2]}  # nothing of the active jobs lost
     assert not set(cursor["spec_hash"]) - set(names[:2])

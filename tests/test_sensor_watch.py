@@ -15,7 +15,6 @@ from dagster._core.storage.dagster_run import DagsterRunStatus  # noqa: E402
 from dagster._core.test_utils import create_run_for_test  # noqa: E402
 
 from ones_pipeline.adapters.live_as_ran import sensor_ticks  # noqa: E402
-from ones_pipeline.definitions import build_definitions  # noqa: E402
 from ones_pipeline.defs.sensor import WATCHING  # noqa: E402
 
 SPEC = "model: mlp-digits\nper_gpu_batch: 32\nbase_lr: 0.05\nmax_lr: 0.2\nmax_gpus: 2\nstopping: {epochs: 10}\n"
@@ -32,16 +31,6 @@ def project(tmp_path):
     return tmp_path
 
 
-def _tick(project, instance, cursor):
-    defs = build_definitions(str(project))
-    sensor = defs.resolve_sensor_def("ones_scheduler_sensor")
-    with dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs, resources=defs.resources) as ctx:
-        result = sensor(ctx)
-    for req in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    return result
-
-
 def _skip(result) -> str:
     return result.skip_reason.skip_message if result.skip_reason else ""
 
@@ -50,31 +39,31 @@ def _decided(result) -> bool:
     return not _skip(result).startswith(WATCHING)
 
 
-def test_the_sensor_decides_at_its_interval_and_when_a_run_ends_or_a_spec_changes(project):
+def test_the_sensor_decides_at_its_interval_and_when_a_run_ends_or_a_spec_changes(project, sensor_tick):
     with dg.instance_for_test(overrides=QUEUED_COORDINATOR) as instance:
-        first = _tick(project, instance, None)
+        first = sensor_tick(project, instance, None)
         assert _decided(first) and [r.partition_key for r in first.run_requests if r.job_name == "train_job"] == ["a"]
-        quiet = _tick(project, instance, first.cursor)
+        quiet = sensor_tick(project, instance, first.cursor)
         assert not _decided(quiet) and quiet.cursor == first.cursor and not quiet.run_requests
         assert "the next in" in _skip(quiet)
 
         (project / "assets" / "jobs" / "b.yaml").write_text(SPEC)  # a spec submitted: decided at once
-        submitted = _tick(project, instance, first.cursor)
+        submitted = sensor_tick(project, instance, first.cursor)
         assert _decided(submitted) and "b" in json.loads(submitted.cursor)["submit"]
-        assert not _decided(_tick(project, instance, submitted.cursor))
+        assert not _decided(sensor_tick(project, instance, submitted.cursor))
 
         create_run_for_test(instance, job_name="train_job", tags={"ones/job": "a"},
                             status=DagsterRunStatus.SUCCESS)  # a's run ended: its slots are free
-        ended = _tick(project, instance, submitted.cursor)
+        ended = sensor_tick(project, instance, submitted.cursor)
         assert _decided(ended)
-        assert not _decided(_tick(project, instance, ended.cursor))
+        assert not _decided(sensor_tick(project, instance, ended.cursor))
 
         old = json.loads(ended.cursor)
         old["last_tick"]["time_s"] -= 61  # the interval passed with nothing else
-        assert _decided(_tick(project, instance, json.dumps(old)))
+        assert _decided(sensor_tick(project, instance, json.dumps(old)))
 
 
-def test_the_replay_decides_at_the_ticks_that_decided(project):
+def test_the_replay_decides_at_the_ticks_that_decided(project, sensor_tick):
     """``sensor_ticks`` (the replay's decision times) keeps the sensor's decisions and its skips that read the jobs
     ("no change: ..."), not the evaluations that only watched."""
     from dagster._core.remote_origin import (
@@ -106,10 +95,10 @@ def test_the_replay_decides_at_the_ticks_that_decided(project):
         instance.add_instigator_state(state)
         cursor, kinds = None, []
         for i in range(3):
-            result = recorded(_tick(project, instance, cursor), 1000.0 + i)
+            result = recorded(sensor_tick(project, instance, cursor), 1000.0 + i)
             cursor = result.cursor
             kinds.append(_decided(result))
         (project / "assets" / "jobs" / "a.yaml").unlink()  # removed: the next evaluation decides (no change)
-        result = recorded(_tick(project, instance, cursor), 1003.0)
+        result = recorded(sensor_tick(project, instance, cursor), 1003.0)
         assert kinds == [True, False, False] and _decided(result)
         assert sensor_ticks(instance) == [1000.0, 1003.0]
