@@ -3,7 +3,8 @@ next job claimed it, and the decisions with their reasons (time from the first c
 
 Reads the project's state directory (``<project>/.ones/state``: ``jobs/<job>/slots.jsonl``, ``progress.jsonl``
 and ``decisions.jsonl``), e.g. after ``scripts/demo.sh``: ``python benchmarks/research/demo_slots.py
-.ones/demo/.ones/state``. A job's slots still held at its last progress record count as freed then.
+.ones/demo/.ones/state``. A job's slots still held at its last progress record count as freed then; unreadable lines
+are skipped.
 """
 
 from __future__ import annotations
@@ -12,26 +13,27 @@ import json
 import sys
 from pathlib import Path
 
-
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from ones_pipeline.defs.slot_owner import read_ledger
+from ones_pipeline.train.records import events
 
 
 def idle_gaps(state: Path) -> tuple[float, list[tuple[float, str, float]]]:
     """``(t0, [(freed at - t0, what, idle s)])``: each slot freed by one job and later claimed by another."""
-    events = []
+    moves = []  # (time, 1: claimed / 0: freed, job, slot)
     for job_dir in sorted(p for p in (state / "jobs").iterdir() if p.is_dir()):
-        slots, progress = _lines(job_dir / "slots.jsonl"), _lines(job_dir / "progress.jsonl")
         held: set = set()
-        for row in slots:
-            events += [(row["time_s"], 1, job_dir.name, s) for s in row["claimed"]]
-            events += [(row["time_s"], 0, job_dir.name, s) for s in row["freed"]]
-            held = (held | set(row["claimed"])) - set(row["freed"])
-        end = max(row["time_s"] for row in progress) if progress else None
-        events += [(end, 0, job_dir.name, s) for s in held if end is not None]
-    events.sort()
-    t0, free, gaps = events[0][0], {}, []
-    for t, claim, job, slot in events:
+        for row in read_ledger(job_dir):
+            claimed, freed = row.get("claimed", []), row.get("freed", [])
+            moves += [(row["time_s"], 1, job_dir.name, s) for s in claimed]
+            moves += [(row["time_s"], 0, job_dir.name, s) for s in freed]
+            held = (held | set(claimed)) - set(freed)
+        end = max((row["time_s"] for row in events(job_dir) if "time_s" in row), default=None)
+        moves += [(end, 0, job_dir.name, s) for s in held if end is not None]
+    if not moves:
+        return 0.0, []
+    moves.sort()
+    t0, free, gaps = moves[0][0], {}, []
+    for t, claim, job, slot in moves:
         if not claim:
             free[slot] = (t, job)
         elif slot in free:
@@ -50,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     for at, what, idle in gaps:
         print(f"{at:7.1f} s  {what}: idle {idle:.1f} s")
     decisions = state / "decisions.jsonl"
-    for row in _lines(decisions) if decisions.is_file() else []:
-        print(f"{row['time_s'] - t0:7.1f} s  {row['job']}: {row['reason']}")
+    for line in decisions.read_text().splitlines() if decisions.is_file() else []:
+        try:
+            row = json.loads(line)
+            print(f"{row['time_s'] - t0:7.1f} s  {row['job']}: {row['reason']}")
+        except (ValueError, KeyError, TypeError):  # a line cut by a kill
+            continue
     return 0
 
 
